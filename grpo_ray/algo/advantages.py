@@ -1,0 +1,172 @@
+"""Outcome advantages: one scalar per completion, the same for every token of that completion.
+
+Every estimator maps `rewards [N]` and `group_ids [N]` to `advantages [N]`. Rows that share a group
+id are the G completions of one prompt. Groups may differ in size (filters drop rows) and need not
+be contiguous (shards are reshuffled), so group statistics go through `torch.unique` and
+`index_add_`: no Python loop over groups.
+
+    grpo                   A_i = (r_i - mean_g) / (std_g + eps)      DeepSeekMath GRPO
+                                 (normalize_by_std=False: r_i - mean_g)
+    dr_grpo                A_i = r_i - mean_g                         Dr. GRPO: dividing by std_g
+                                                                      favours near-solved prompts
+    rloo                   A_i = r_i - mean of the other G-1 rewards  leave-one-out baseline
+    reinforce_pp_baseline  A_i = whiten_batch(r_i - mean_g)           REINFORCE++, group baseline
+
+Choices worth knowing:
+- std_g is the unbiased (Bessel-corrected, `torch.std` default) group std, as in TRL and verl.
+  For binary rewards with G=4 and two successes that is 0.577, not 0.5, so |A| = 0.866, not 1.
+- A group of one has no spread: its std is defined as 0 (`torch.std` would give NaN) and its
+  advantage is 0 under every estimator.
+- A group whose rewards are all equal gets an advantage of exactly 0. Computed naively, r - mean
+  can be ~1e-8 from rounding (mean of three 0.1s), and dividing by std + eps = 1e-6 would turn that
+  into a spurious ~1e-2 advantage; such groups are detected with min == max and zeroed.
+- The batch whitening of reinforce_pp_baseline uses the unbiased std over all N rows; after group
+  centring the batch mean is 0 up to rounding, subtracting it is kept for fidelity to REINFORCE++.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class AdvantageEstimator(str, Enum):
+    GRPO = "grpo"
+    DR_GRPO = "dr_grpo"
+    RLOO = "rloo"
+    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
+
+
+class GroupRewardStats(NamedTuple):
+    """Per-group statistics, ordered like `group_ids` (sorted ascending)."""
+
+    mean: Tensor  # [K] mean reward of each group
+    std: Tensor  # [K] unbiased std; 0 for groups of one and for constant groups
+    group_ids: Tensor  # [K] int64, the distinct ids
+
+
+class _Groups(NamedTuple):
+    """What the estimators need: group statistics plus the row -> group map."""
+
+    stats: GroupRewardStats
+    inverse: Tensor  # [N] index of each row's group in stats
+    counts: Tensor  # [K] rows per group, float
+    centred: Tensor  # [N] r_i - mean_g, exactly 0 for constant groups
+
+
+def _groups(rewards: Tensor, group_ids: Tensor) -> _Groups:
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    unique_ids, inverse, counts_int = torch.unique(
+        group_ids, return_inverse=True, return_counts=True
+    )
+    num_groups = unique_ids.numel()
+    counts = counts_int.to(rewards.dtype)
+
+    mean = rewards.new_zeros(num_groups).index_add_(0, inverse, rewards) / counts
+    # Equal min and max is an exact test for "no spread", immune to the rounding in mean.
+    empty = rewards.new_zeros(num_groups)
+    low = empty.scatter_reduce(0, inverse, rewards, "amin", include_self=False)
+    high = empty.scatter_reduce(0, inverse, rewards, "amax", include_self=False)
+    constant = low == high  # also true for every group of one
+
+    centred = torch.where(constant[inverse], 0.0, rewards - mean[inverse])
+    # Two-pass variance (deviations first) rather than E[r^2] - E[r]^2, which cancels badly.
+    squared = rewards.new_zeros(num_groups).index_add_(0, inverse, centred.square())
+    std = torch.where(constant, 0.0, (squared / (counts - 1).clamp(min=1)).sqrt())
+    return _Groups(GroupRewardStats(mean, std, unique_ids), inverse, counts, centred)
+
+
+def group_reward_stats(rewards: Tensor, group_ids: Tensor) -> GroupRewardStats:
+    """Mean and unbiased std of the rewards of each group.
+
+    Args:
+        rewards: [N] one scalar reward per completion.
+        group_ids: [N] int64; rows with the same id belong to one prompt.
+
+    Returns:
+        GroupRewardStats(mean [K], std [K], group_ids [K]) for the K distinct ids, sorted.
+    """
+    return _groups(rewards, group_ids).stats
+
+
+def _grpo(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    if not normalize_by_std:
+        return groups.centred
+    std = groups.stats.std[groups.inverse]
+    # Constant groups have centred == 0 and std == 0: keep 0 even when eps is 0.
+    return torch.where(std > 0, groups.centred / (std + eps), 0.0)
+
+
+def _dr_grpo(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    return groups.centred
+
+
+def _rloo(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    # r_i - (S - r_i)/(G-1) = G/(G-1) * (r_i - S/G): the leave-one-out baseline is a rescaled
+    # group mean, so no second pass is needed. Groups of one have centred == 0, the clamp only
+    # keeps their scale finite.
+    scale = groups.counts / (groups.counts - 1).clamp(min=1)
+    return groups.centred * scale[groups.inverse]
+
+
+def _reinforce_pp_baseline(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    centred = groups.centred
+    if centred.numel() < 2:
+        return torch.zeros_like(centred)  # the batch std of one value is undefined
+    std = centred.std()
+    # Every group constant: nothing to whiten; keep 0 even when eps is 0.
+    return torch.where(std > 0, (centred - centred.mean()) / (std + eps), 0.0)
+
+
+AdvantageFn = Callable[[_Groups, bool, float], Tensor]
+
+_ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, AdvantageFn] = {
+    AdvantageEstimator.GRPO: _grpo,
+    AdvantageEstimator.DR_GRPO: _dr_grpo,
+    AdvantageEstimator.RLOO: _rloo,
+    AdvantageEstimator.REINFORCE_PP_BASELINE: _reinforce_pp_baseline,
+}
+
+
+def get_advantage_estimator(estimator: AdvantageEstimator | str) -> AdvantageFn:
+    """Registry lookup; raises ValueError naming the valid choices for an unknown name."""
+    try:
+        return _ADVANTAGE_ESTIMATORS[AdvantageEstimator(estimator)]
+    except ValueError:
+        choices = [e.value for e in AdvantageEstimator]
+        message = f"unknown advantage estimator {estimator!r}; choose one of {choices}"
+        raise ValueError(message) from None
+
+
+def compute_advantages(
+    estimator: AdvantageEstimator | str,
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Advantages of N completions from their rewards and prompt groups.
+
+    Args:
+        estimator: an AdvantageEstimator or its string value.
+        rewards: [N] float reward of each completion (integer rewards are cast to float32).
+        group_ids: [N] int64; rows with equal ids are completions of the same prompt.
+        normalize_by_std: only read by GRPO; False drops the division by the group std.
+        eps: added to the std before dividing (GRPO and the REINFORCE++ batch whitening).
+
+    Returns:
+        [N] advantages, constant over each completion's tokens; no gradient is expected to flow.
+    """
+    fn = get_advantage_estimator(estimator)
+    return fn(_groups(rewards, group_ids), normalize_by_std, eps)
