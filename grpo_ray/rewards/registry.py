@@ -1,0 +1,246 @@
+"""Find reward functions by spec, and call them with their results checked.
+
+Example:
+    >>> fn = load_reward_function("math", {"require_think_close": True})
+    >>> completions = ["<think>...</think> \\\\boxed{82}"]
+    >>> score_completions(fn, completions, ["37+45="], ["82"], {"level": [1]})
+    [1.0]
+
+The reward contract (as TRL's): ``fn(completions, prompts, answers, **row_fields)`` returns one
+``float | None`` per completion; None means "could not score", which the reward pool counts as a
+failure, never as 0. Functions must accept and ignore unknown keyword arguments.
+
+A spec is one of:
+    * a built-in name: a key of ``BUILTIN_REWARDS`` ("exact_match", "math");
+    * ``package.module:function`` (an importable module);
+    * ``path/to/file.py:function`` (a file, loaded once per process under a name derived from
+      its resolved path). Processes should exchange specs, not function objects: a function
+      loaded from a file cannot be pickled by reference into another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_ray.rewards.exact_match import exact_match
+from grpo_ray.rewards.math import math_reward
+
+RewardScores = list[float | None]
+# A reward function, plain or `async def`, per the contract in the module docstring.
+RewardFn = Callable[..., RewardScores | Awaitable[RewardScores]]
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "math": math_reward,
+}
+
+# Contract arguments: passed by the caller on every call, so never bindable as options.
+_CONTRACT_ARGS = ("completions", "prompts", "answers")
+
+
+class RewardSpecError(ValueError):
+    """A reward spec or its options cannot be turned into a function; the message is one line."""
+
+
+class RewardResultError(ValueError):
+    """A reward function returned something other than one finite score or None per completion."""
+
+
+def _one_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _load_module_from_file(spec: str, path_text: str):
+    path = Path(path_text).expanduser().resolve()
+    if not path.is_file():
+        raise RewardSpecError(f"reward spec {spec!r}: file {str(path)!r} not found; check the path")
+    # One stable name per file: loading the same file twice reuses the module, and two files
+    # with the same stem (rewards/a/reward.py, rewards/b/reward.py) never collide.
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    name = f"_grpo_ray_reward_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise RewardSpecError(f"reward spec {spec!r}: {str(path)!r} is not a loadable Python file")
+    module = importlib.util.module_from_spec(module_spec)
+    # Registered before running, as importlib's recipe does, so dataclasses and pickling inside
+    # the file can find their module.
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise RewardSpecError(
+            f"reward spec {spec!r}: importing {str(path)!r} failed ({_one_line(error)}); "
+            "fix the file"
+        ) from error
+    return module
+
+
+def _import_module(spec: str, module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except Exception as error:
+        raise RewardSpecError(
+            f"reward spec {spec!r}: module {module_name!r} not importable ({_one_line(error)}); "
+            "check that it is installed or on PYTHONPATH"
+        ) from error
+
+
+def _resolve(spec: str) -> RewardFn:
+    if ":" not in spec:
+        if spec in BUILTIN_REWARDS:
+            return BUILTIN_REWARDS[spec]
+        raise RewardSpecError(
+            f"unknown reward {spec!r}; use a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
+            "'package.module:function' or 'path/to/file.py:function'"
+        )
+    # rpartition: the attribute never contains ":", a path might.
+    location, _, attribute = spec.rpartition(":")
+    if not location or not attribute:
+        raise RewardSpecError(
+            f"reward spec {spec!r} needs both parts: 'package.module:function' "
+            "or 'path/to/file.py:function'"
+        )
+    is_file = location.endswith(".py") or "/" in location or "\\" in location
+    module = _load_module_from_file(spec, location) if is_file else _import_module(spec, location)
+    target: Any = module
+    # Dotted attributes reach into classes or namespaces ("mod:Scorer.score").
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise RewardSpecError(
+                f"reward spec {spec!r}: {location!r} has no attribute {attribute!r}; "
+                "check the function name"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise RewardSpecError(
+            f"reward spec {spec!r}: {attribute!r} is a {type(target).__name__}, not callable; "
+            "point the spec at a function"
+        )
+    return target
+
+
+def _check_options(spec: str, fn: RewardFn, options: dict[str, Any]) -> None:
+    """Every option must be a named keyword parameter of ``fn``.
+
+    Options swallowed by ``**row_fields`` would be silently ignored, so a typo such as
+    ``require_think_closed`` is an error at load time, not a quietly different run.
+    """
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return  # No introspectable signature (some builtins/extensions): trust the caller.
+    accepted = [
+        name
+        for name, parameter in parameters.items()
+        if name not in _CONTRACT_ARGS
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+    ]
+    for option in options:
+        if option not in accepted:
+            raise RewardSpecError(
+                f"reward {spec!r} has no option {option!r}; "
+                f"its options are: {', '.join(accepted) or '(none)'}"
+            )
+
+
+def load_reward_function(spec: str, options: dict[str, Any] | None = None) -> RewardFn:
+    """Resolve ``spec`` to a reward function, with ``options`` bound as keyword arguments.
+
+    Raises RewardSpecError (a ValueError, one-line message) when the spec cannot be resolved or
+    an option is not a keyword parameter of the function.
+
+    >>> load_reward_function("exact_match") is BUILTIN_REWARDS["exact_match"]
+    True
+    >>> load_reward_function("math", {"accept_unboxed": True}).keywords
+    {'accept_unboxed': True}
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise RewardSpecError(f"reward spec {spec!r} is empty; name a built-in or a module/file")
+    spec = spec.strip()
+    fn = _resolve(spec)
+    if not options:
+        return fn
+    _check_options(spec, fn, options)
+    return functools.partial(fn, **options)
+
+
+def _describe(fn: RewardFn) -> str:
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(inner, "__qualname__", None) or type(inner).__name__
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _validate_scores(fn: RewardFn, result: Any, expected: int) -> RewardScores:
+    name = _describe(fn)
+    if hasattr(result, "tolist") and not isinstance(result, (str, bytes)):
+        result = result.tolist()  # NumPy arrays: not a Sequence, but a fine answer.
+    if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
+        raise RewardResultError(
+            f"reward {name!r} returned a {type(result).__name__}, expected a list of scores"
+        )
+    if len(result) != expected:
+        raise RewardResultError(
+            f"reward {name!r} returned {len(result)} scores for {expected} completions"
+        )
+    scores: RewardScores = []
+    for index, score in enumerate(result):
+        if score is None:
+            scores.append(None)
+        # numbers.Real covers int, float, bool, Fraction and NumPy scalars; not str or complex.
+        elif isinstance(score, numbers.Real) and math.isfinite(float(score)):
+            scores.append(float(score))
+        else:
+            raise RewardResultError(
+                f"reward {name!r} score {index} is {_short_repr(score)} "
+                f"({type(score).__name__}); scores must be finite real numbers or None"
+            )
+    return scores
+
+
+def score_completions(
+    fn: RewardFn,
+    completions: list[str],
+    prompts: list[str],
+    answers: list[str],
+    row_fields: dict[str, list],
+) -> RewardScores:
+    """Call ``fn`` per the reward contract and return its checked scores, as floats or None.
+
+    An ``async def`` function (or one returning a coroutine) is run to completion with
+    ``asyncio.run``, so this must not be called from inside a running event loop; the reward
+    pool calls it from plain worker processes.
+
+    Raises RewardResultError (one-line message) when the result is not a sequence of exactly
+    ``len(completions)`` finite real numbers or None. Exceptions raised by ``fn`` propagate.
+
+    >>> score_completions(BUILTIN_REWARDS["exact_match"], ["82", "81"], ["", ""], ["82", "82"], {})
+    [1.0, 0.0]
+    """
+    if not len(completions) == len(prompts) == len(answers):
+        # A caller bug, not a reward failure: kept out of RewardResultError on purpose.
+        raise ValueError(
+            f"{len(completions)} completions, {len(prompts)} prompts and {len(answers)} answers"
+        )
+    result = fn(completions, prompts, answers, **row_fields)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return _validate_scores(fn, result, len(completions))
