@@ -1,0 +1,264 @@
+"""LearnerWorker: one DeepSpeed engine per data-parallel rank; applies the GRPO update.
+
+A plain class; the cluster layer makes it a Ray actor. It never imports vLLM.
+
+Exactness across ranks: the loss of each micro-batch is normalised by the step's *global* token
+(or sequence) count, then multiplied by world_size * grad_accum_steps to undo DeepSpeed's
+averaging over ranks and accumulation steps. The gradients summed over all micro-batches of all
+ranks are then exactly those of the full batch on one rank, whatever the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from grpo_ray.algo import grpo_loss, mismatch_stats
+from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buckets
+from grpo_ray.models.loading import (
+    apply_lora,
+    export_parameters,
+    load_causal_lm,
+    load_tokenizer,
+    merged_lora,
+    sequence_logprobs,
+    weight_specs,
+)
+from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    model_path: str
+    tokenizer_path: str
+    dtype: str
+    seed: int
+    zero_stage: int
+    micro_batch_size: int
+    grad_accum_steps: int
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    grad_clip: float
+    torch_threads: int
+    clip_low: float
+    clip_high: float
+    kl_coef: float
+    kl_estimator: str
+    entropy_coef: float
+    loss_aggregation: str
+    max_new_tokens: int  # the constant of seq-mean-token-sum-norm
+    lora_enabled: bool = False
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ()
+
+
+class LearnerWorker:
+    def __init__(self, settings: LearnerSettings, rank: int, world_size: int):
+        torch.set_num_threads(settings.torch_threads)
+        self.settings = settings
+        self.rank = rank
+        self.world_size = world_size
+        self.engine = None
+        self._sync_group: BroadcastGroup | None = None
+
+    def ready(self) -> str:
+        return f"learner-{self.rank}"
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        """Join the learners' torch.distributed world and build the DeepSpeed engine."""
+        import deepspeed
+
+        s = self.settings
+        gpu = torch.cuda.is_available()
+        os.environ.update(
+            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+        )
+        deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+        torch.manual_seed(s.seed)
+        model = load_causal_lm(s.model_path, s.dtype)
+        if s.lora_enabled:
+            model = apply_lora(model, s.lora_rank, s.lora_alpha, s.lora_dropout, s.lora_target_modules)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # torch's AdamW as the client optimizer: DeepSpeedCPUAdam compiles for ~45 s on first use.
+        optimizer = torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": s.micro_batch_size,
+            "gradient_accumulation_steps": s.grad_accum_steps,
+            "train_batch_size": s.micro_batch_size * s.grad_accum_steps * self.world_size,
+            "zero_optimization": {"stage": s.zero_stage},
+            "gradient_clipping": s.grad_clip,
+            "bf16": {"enabled": s.dtype == "bfloat16"},
+            "fp16": {"enabled": s.dtype == "float16"},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.tokenizer = load_tokenizer(s.tokenizer_path)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+    # -- the update ------------------------------------------------------------------------------
+
+    def train_step(self, shard: LearnerShard, *payload) -> LearnerStats:
+        """One optimizer step on this rank's slices.
+
+        payload = the K RolloutSlices of this rank, then (when kl_coef > 0) their K reference
+        log-prob arrays — passed as top-level arguments so Ray resolves the object references
+        here, on the learner, and the driver never holds them.
+        """
+        started = time.perf_counter()
+        k = len(shard.advantages)
+        slices: list[RolloutSlice] = list(payload[:k])
+        ref_arrays = list(payload[k:]) if len(payload) > k else None
+        batch = _concat_rows(slices, shard.advantages, ref_arrays, self.tokenizer.pad_token_id)
+        s = self.settings
+        self.engine.train()
+        sums: dict[str, float] = {}
+        num_micro = 0
+        tokens = 0
+        for rows in _micro_batches(batch["input_ids"].shape[0], s.micro_batch_size):
+            mb = {name: value[rows] for name, value in batch.items()}
+            mb = _trim_padding(mb)
+            logprobs, entropy = sequence_logprobs(
+                self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature, with_entropy=True
+            )
+            # Single update per rollout batch: pi_old is the current policy, so the ratio is 1
+            # in value and the clipped objective reduces to the policy gradient.
+            old_logprobs = logprobs.detach()
+            out = grpo_loss(
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                advantages=mb["advantages"],
+                mask=mb["completion_mask"],
+                clip_low=s.clip_low,
+                clip_high=s.clip_high,
+                ref_logprobs=mb.get("ref_logprobs"),
+                kl_coef=s.kl_coef,
+                kl_estimator=s.kl_estimator,
+                entropy=entropy,
+                entropy_coef=s.entropy_coef,
+                aggregation=s.loss_aggregation,
+                norm_length=float(s.max_new_tokens),
+                global_tokens=shard.global_tokens,
+                global_sequences=float(shard.global_sequences),
+            )
+            self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
+            self.engine.step()
+            metrics = dict(out.metrics)
+            metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
+            for name, value in metrics.items():
+                sums[name] = sums.get(name, 0.0) + float(value)
+            num_micro += 1
+            tokens += int(mb["attention_mask"].sum())
+        metrics = {name: total / num_micro for name, total in sums.items()}
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            metrics["actor/grad_norm"] = float(grad_norm)
+        return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
+
+    @torch.no_grad()
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+        """Log-probs [N, T] of given sequences under the current weights (the weight-sync probe)."""
+        self.engine.eval()
+        logprobs, _ = sequence_logprobs(self.engine, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature)
+        return logprobs.float().numpy()
+
+    def parameters_snapshot(self) -> dict[str, np.ndarray]:
+        """Full parameters by name (tests compare ranks and runs with it)."""
+        params = dict(zip([spec.name for spec in weight_specs(self.module)], export_parameters(self.module)))
+        with self._gathered(list(params.values())):
+            return {name: p.detach().float().cpu().numpy().copy() for name, p in params.items()}
+
+    # -- weight broadcast ------------------------------------------------------------------------
+
+    def weight_plan(self, bucket_bytes: int) -> tuple[list[WeightSpec], list[list[int]]]:
+        specs = weight_specs(self.module)
+        return specs, plan_buckets(specs, bucket_bytes)
+
+    def host_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
+        """Rank 0 only: create the broadcast group's store and join it as its rank 0."""
+        self._sync_group = BroadcastGroup.join(host, port, 0, world_size, backend, timeout_s)
+
+    def send_weights(self, version: int, buckets: list[list[int]]) -> SyncReport | None:
+        """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None."""
+        started = time.perf_counter()
+        params = export_parameters(self.module)
+        specs = weight_specs(self.module)
+
+        def bucket_tensors():
+            for bucket in buckets:
+                with self._gathered([params[i] for i in bucket]):
+                    for i in bucket:
+                        yield params[i].data
+
+        with torch.no_grad(), merged_lora(self.module):
+            if self.rank != 0:
+                for _ in bucket_tensors():
+                    pass
+                return None
+            checksum, num_bytes = send_buckets(self._sync_group, bucket_tensors(), specs, buckets)
+        return SyncReport(
+            who="learner", version=version, checksum=checksum, num_bytes=num_bytes,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _gathered(self, params: list[torch.nn.Parameter]):
+        if self.settings.zero_stage == 3:
+            import deepspeed
+
+            return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+        return contextlib.nullcontext()
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def save_model(self, path: str) -> str | None:
+        """Hugging Face folder (or LoRA adapter) with the tokenizer; rank 0 writes."""
+        params = export_parameters(self.module)
+        with self._gathered(params):
+            if self.rank == 0:
+                self.module.save_pretrained(path)
+                self.tokenizer.save_pretrained(path)
+                return path
+        return None
+
+
+def _concat_rows(
+    slices: list[RolloutSlice], advantages: list[np.ndarray], refs: list[np.ndarray] | None, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """All rows of this rank's slices as tensors padded to one width."""
+    width = max(s.input_ids.shape[1] for s in slices)
+
+    def padded(arrays: list[np.ndarray], fill) -> np.ndarray:
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays])
+
+    batch = {
+        "input_ids": torch.from_numpy(padded([s.input_ids for s in slices], pad_id)),
+        "attention_mask": torch.from_numpy(padded([s.attention_mask for s in slices], 0)),
+        "completion_mask": torch.from_numpy(padded([s.completion_mask for s in slices], 0.0)),
+        "rollout_logprobs": torch.from_numpy(padded([s.rollout_logprobs for s in slices], 0.0)),
+        "advantages": torch.from_numpy(np.concatenate(advantages).astype(np.float32)),
+    }
+    if refs is not None:
+        batch["ref_logprobs"] = torch.from_numpy(padded(refs, 0.0))
+    return batch
+
+
+def _micro_batches(num_rows: int, size: int) -> list[slice]:
+    return [slice(start, start + size) for start in range(0, num_rows, size)]
+
+
+def _trim_padding(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop columns that are padding in every row of the micro-batch (less compute, same result)."""
+    width = int(mb["attention_mask"].sum(dim=1).max())
+    return {name: value if value.dim() == 1 else value[:, :width] for name, value in mb.items()}

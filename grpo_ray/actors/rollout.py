@@ -1,0 +1,150 @@
+"""RolloutWorker: samples G completions per prompt and packs them into per-learner-rank slices.
+
+A plain class; the cluster layer makes it a Ray actor at spawn time. It never imports DeepSpeed.
+The engine (hf or vllm) sits behind one interface: generate, score, load_weights.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets
+from grpo_ray.models.loading import load_tokenizer, resolve_model_path
+from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
+
+
+@dataclass(frozen=True)
+class RolloutWorkerSettings:
+    index: int
+    backend: str  # "hf" | "vllm"
+    model_path: str
+    tokenizer_path: str
+    dtype: str
+    seed: int
+    torch_threads: int
+    max_model_len: int
+    vllm_enforce_eager: bool = True
+    vllm_gpu_memory_utilization: float = 0.5
+    vllm_cpu_kv_cache_gb: float = 1.0
+    tensor_parallel_size: int = 1
+
+
+class RolloutWorker:
+    def __init__(self, settings: RolloutWorkerSettings):
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+        self.settings = settings
+        self.name = f"rollout-{settings.index}"
+        self.tokenizer = load_tokenizer(settings.tokenizer_path)
+        model_path = resolve_model_path(settings.model_path)
+        if settings.backend == "vllm":
+            from grpo_ray.actors.vllm_engine import VllmEngine
+
+            self.engine = VllmEngine(
+                model_path,
+                self.tokenizer,
+                dtype=settings.dtype,
+                seed=settings.seed,
+                max_model_len=settings.max_model_len,
+                enforce_eager=settings.vllm_enforce_eager,
+                gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
+                tensor_parallel_size=settings.tensor_parallel_size,
+            )
+        else:
+            from grpo_ray.actors.hf_engine import HFEngine
+
+            self.engine = HFEngine(model_path, self.tokenizer, dtype=settings.dtype)
+        self.policy_version = 0
+        self._group: BroadcastGroup | None = None
+        self._specs: list[WeightSpec] = []
+        self._buckets: list[list[int]] = []
+
+    def ready(self) -> str:
+        return self.name
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int
+    ) -> tuple[RolloutSlice, ...] | RolloutSlice:
+        """Completions for `prompts`, cut into `num_slices` equal slices (one per learner rank).
+
+        Group ids are `group_offset + k` for the k-th prompt, so ids are unique across workers.
+        Returns a bare slice when num_slices == 1 (Ray's num_returns=1 wants one value).
+        """
+        started = time.perf_counter()
+        groups = self.engine.generate([p.token_ids for p in prompts], sampling)
+        rows = [
+            (group_offset + k, prompt, completion)
+            for k, (prompt, completions) in enumerate(zip(prompts, groups))
+            for completion in completions
+        ]
+        per_slice = len(rows) // num_slices
+        pad = self.tokenizer.pad_token_id
+        slices = tuple(
+            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, self.policy_version)
+            for i in range(num_slices)
+        )
+        self.last_generate_seconds = time.perf_counter() - started
+        return slices[0] if num_slices == 1 else slices
+
+    def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+        return self.engine.score(input_ids, attention_mask, temperature)
+
+    # -- weight sync -----------------------------------------------------------------------------
+
+    def join_weight_sync(
+        self, host: str, port: int, world_size: int, specs: list[WeightSpec], buckets: list[list[int]],
+        backend: str, timeout_s: float,
+    ) -> None:
+        self._specs, self._buckets = specs, buckets
+        self._group = BroadcastGroup.join(host, port, self.settings.index + 1, world_size, backend, timeout_s)
+
+    def receive_weights(self, version: int) -> SyncReport:
+        """Receive every bucket from learner rank 0 and load it into the engine in place."""
+        assert self._group is not None, "join_weight_sync first"
+        started = time.perf_counter()
+        tally = ReceiveTally()
+        self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))
+        self.policy_version = version
+        return SyncReport(
+            who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,
+            seconds=time.perf_counter() - started,
+        )
+
+
+def pack_slice(rows: list[tuple[int, Prompt, Completion]], pad_id: int, policy_version: int) -> RolloutSlice:
+    """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py."""
+    width = max(len(p.token_ids) + len(c.token_ids) for _, p, c in rows)
+    n = len(rows)
+    input_ids = np.full((n, width), pad_id, dtype=np.int64)
+    attention = np.zeros((n, width), dtype=np.int64)
+    completion_mask = np.zeros((n, width), dtype=np.float32)
+    logprobs = np.zeros((n, width), dtype=np.float32)
+    for i, (_, prompt, completion) in enumerate(rows):
+        p, c = len(prompt.token_ids), len(completion.token_ids)
+        input_ids[i, :p] = prompt.token_ids
+        input_ids[i, p : p + c] = completion.token_ids
+        attention[i, : p + c] = 1
+        completion_mask[i, p : p + c] = 1.0
+        logprobs[i, p : p + c] = completion.logprobs
+    field_names = sorted({name for _, prompt, _ in rows for name in prompt.fields})
+    return RolloutSlice(
+        group_ids=np.array([g for g, _, _ in rows], dtype=np.int64),
+        prompt_uids=np.array([p.uid for _, p, _ in rows], dtype=np.int64),
+        input_ids=input_ids,
+        attention_mask=attention,
+        completion_mask=completion_mask,
+        rollout_logprobs=logprobs,
+        prompts=[p.text for _, p, _ in rows],
+        completions=[c.text for _, _, c in rows],
+        answers=[p.answer for _, p, _ in rows],
+        finish_reasons=[c.finish_reason for _, _, c in rows],
+        row_fields={name: [p.fields.get(name) for _, p, _ in rows] for name in field_names},
+        policy_version=policy_version,
+    )

@@ -1,0 +1,130 @@
+"""Lay the roles out on the cluster: one placement group reserves every actor's resources before
+anything starts, then each plain class becomes a Ray actor in its bundle.
+
+Naming rule (from OpenRLHF): functions here that return object references end in `_refs`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from grpo_ray.config import RoleResources
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot run the plan, or an actor failed; one-line message."""
+
+
+@dataclass
+class Placement:
+    group: PlacementGroup
+    # role -> bundle index of each of its actors
+    bundles: dict[str, list[int]]
+
+    def strategy(self, role: str, index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(
+            placement_group=self.group, placement_group_bundle_index=self.bundles[role][index]
+        )
+
+    def remove(self) -> None:
+        remove_placement_group(self.group)
+
+
+def reserve(roles: list[RoleResources], timeout_s: float) -> Placement:
+    """Reserve one bundle per actor; fail with what is missing when the cluster cannot hold the plan."""
+    bundles: list[dict[str, float]] = []
+    index: dict[str, list[int]] = {}
+    for role in roles:
+        index[role.role] = []
+        for _ in range(role.count):
+            bundle = {"CPU": role.num_cpus}
+            if role.num_gpus:
+                bundle["GPU"] = role.num_gpus
+            index[role.role].append(len(bundles))
+            bundles.append(bundle)
+    missing = _missing_resources(roles)
+    if missing:
+        raise ClusterError(missing)
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        remove_placement_group(group)
+        raise ClusterError(
+            f"the cluster could not place every role within {timeout_s:g} s "
+            f"(ray.placement_timeout_s); check `ray status` for resources held by other jobs"
+        ) from None
+    return Placement(group=group, bundles=index)
+
+
+def _missing_resources(roles: list[RoleResources]) -> str | None:
+    available = ray.cluster_resources()
+    for kind, key in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        need = sum(r.count * getattr(r, key) for r in roles)
+        have = available.get(kind, 0.0)
+        if need > have + 1e-9:
+            worst = max(roles, key=lambda r: r.count * getattr(r, key))
+            return (
+                f"{worst.role} and the other roles need {need:g} {kind}s, the cluster has {have:g}; "
+                f"lower {worst.role}.num_{kind.lower()}s or num_workers, or add nodes"
+            )
+    return None
+
+
+def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str) -> Any:
+    """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class."""
+    remote_cls = ray.remote(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)(cls)
+    return remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
+
+
+def wait_ready(actors: dict[str, Any], timeout_s: float = 600.0) -> None:
+    """Block until every actor's constructor ran; the first failure becomes a one-line ClusterError."""
+    pending = {actor.ready.remote(): name for name, actor in actors.items()}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            raise ClusterError(f"{', '.join(sorted(pending.values()))} did not start within {timeout_s:g} s")
+        ref = done[0]
+        name = pending.pop(ref)
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as err:
+            raise ClusterError(f"{name} failed to start: {error_line(err)}") from None
+
+
+def error_line(err: BaseException) -> str:
+    """The user-facing first line of an exception raised inside an actor."""
+    cause = getattr(err, "cause", None)
+    while cause is not None and getattr(cause, "cause", None) is not None:
+        cause = cause.cause
+    target = cause if cause is not None else err
+    text = str(target).strip()
+    if cause is None and "Traceback" in text:
+        # A RayTaskError's text carries the remote traceback; its last line is the exception.
+        lines = [line for line in text.splitlines() if line.strip()]
+        text = lines[-1] if lines else type(err).__name__
+    return text.splitlines()[0] if text else type(target).__name__
+
+
+def call_on_actor(actor: Any, fn, *args: Any) -> Any:
+    """Run fn(actor_instance, *args) inside the actor's process (node IP, free port)."""
+    return ray.get(actor.__ray_call__.remote(fn, *args))
+
+
+def node_address_and_port(actor: Any) -> tuple[str, int]:
+    def probe(_self) -> tuple[str, int]:
+        import ray as ray_in_actor
+
+        from grpo_ray.cluster.weight_sync import free_port
+
+        host = ray_in_actor.util.get_node_ip_address()
+        return host, free_port(host)
+
+    return call_on_actor(actor, probe)

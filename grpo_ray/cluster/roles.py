@@ -1,0 +1,129 @@
+"""Start every role of a run from the config: learners, rollout workers, reward pool, reference.
+
+Settings dataclasses are built here from the Config, so actors never see the Config object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+from grpo_ray.actors.reference import ReferenceWorker
+from grpo_ray.actors.reward import RewardFunctionSetting, RewardWorker
+from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
+from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
+from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources
+
+
+@dataclass
+class Workers:
+    placement: Placement
+    learners: list[Any]
+    rollouts: list[Any]
+    rewards: list[Any]
+    reference: Any | None
+    resources: dict[str, RoleResources] = field(default_factory=dict)
+
+    def all(self) -> dict[str, Any]:
+        named = {f"learner-{i}": a for i, a in enumerate(self.learners)}
+        named.update({f"rollout-{i}": a for i, a in enumerate(self.rollouts)})
+        named.update({f"reward-{i}": a for i, a in enumerate(self.rewards)})
+        if self.reference is not None:
+            named["reference"] = self.reference
+        return named
+
+    def stop(self) -> None:
+        for actor in self.all().values():
+            ray.kill(actor)
+        self.placement.remove()
+
+
+def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
+    a, lr, lora = cfg.algorithm, cfg.learner, cfg.model.lora
+    return LearnerSettings(
+        model_path=cfg.model.path,
+        tokenizer_path=cfg.model.tokenizer or cfg.model.path,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+        zero_stage=lr.zero_stage,
+        micro_batch_size=plan.micro_batch_size,
+        grad_accum_steps=plan.grad_accum_steps,
+        lr=lr.lr,
+        weight_decay=lr.weight_decay,
+        betas=tuple(lr.betas),
+        grad_clip=lr.grad_clip,
+        torch_threads=lr.torch_threads,
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        kl_coef=a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        loss_aggregation=a.loss_aggregation,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        lora_enabled=lora.enabled,
+        lora_rank=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        lora_target_modules=tuple(lora.target_modules),
+    )
+
+
+def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
+    r = cfg.rollout
+    return RolloutWorkerSettings(
+        index=index,
+        backend=r.backend,
+        model_path=cfg.model.path,
+        tokenizer_path=cfg.model.tokenizer or cfg.model.path,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed + index,
+        torch_threads=r.torch_threads,
+        max_model_len=r.vllm.max_model_len or cfg.data.max_prompt_tokens + r.max_new_tokens,
+        vllm_enforce_eager=r.vllm.enforce_eager,
+        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
+        vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
+        tensor_parallel_size=1,
+    )
+
+
+def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
+    """Reserve the whole plan, start every actor, wait until all constructors finished."""
+    roles = {role.role: role for role in plan_resources(cfg)}
+    placement = reserve(list(roles.values()), cfg.ray.placement_timeout_s)
+    try:
+        world = cfg.learner.num_workers
+        settings = learner_settings(cfg, plan)
+        learners = [
+            spawn(LearnerWorker, placement, "learner", rank, roles["learner"], settings, rank, world, name=f"learner-{rank}")
+            for rank in range(world)
+        ]
+        rollouts = [
+            spawn(RolloutWorker, placement, "rollout", i, roles["rollout"], rollout_settings(cfg, i), name=f"rollout-{i}")
+            for i in range(cfg.rollout.num_workers)
+        ]
+        functions = [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in cfg.reward.functions]
+        rewards = [
+            spawn(RewardWorker, placement, "reward", i, roles["reward"], functions, name=f"reward-{i}")
+            for i in range(cfg.reward.num_workers)
+        ]
+        reference = None
+        if cfg.use_reference:
+            reference = spawn(
+                ReferenceWorker, placement, "reference", 0, roles["reference"],
+                cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads, name="reference",
+            )
+        workers = Workers(placement, learners, rollouts, rewards, reference, roles)
+        wait_ready(workers.all())
+        # The learners' torch.distributed world meets at rank 0's node.
+        host, port = node_address_and_port(learners[0])
+        try:
+            ray.get([learner.setup.remote(host, port) for learner in learners])
+        except ray.exceptions.RayError as err:
+            raise ClusterError(f"learner set-up failed: {error_line(err)}") from None
+        return workers
+    except BaseException:
+        placement.remove()
+        raise

@@ -1,0 +1,134 @@
+"""Weight broadcast from learner rank 0 to the rollout workers, in flat buckets.
+
+The learners' own torch.distributed world belongs to DeepSpeed, so the broadcast uses a process
+group of its own: a TCPStore hosted by learner rank 0 and a gloo (CPU) or NCCL (GPU) group made
+directly from it, with learner rank 0 as rank 0 and rollout worker i as rank i + 1. Nothing here
+imports Ray: the actors call these functions, the driver only tells them where to meet.
+
+Each bucket is one contiguous tensor of one dtype, so a sync is a few large broadcasts rather than
+one per parameter. Both sides compute a crc32 of every bucket in send order; the driver compares
+them after each sync.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from grpo_ray.types import WeightSpec
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def plan_buckets(specs: list[WeightSpec], bucket_bytes: int) -> list[list[int]]:
+    """Group spec indices into buckets of one dtype and at most `bucket_bytes` each, in order.
+
+    A tensor larger than the bucket size travels alone in its own bucket.
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    current_bytes = 0
+    current_dtype = None
+    for index, spec in enumerate(specs):
+        size = spec.numel * _dtype(spec.dtype).itemsize
+        if current and (spec.dtype != current_dtype or current_bytes + size > bucket_bytes):
+            buckets.append(current)
+            current, current_bytes = [], 0
+        current.append(index)
+        current_bytes += size
+        current_dtype = spec.dtype
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def bucket_checksum(flat: torch.Tensor, previous: int = 0) -> int:
+    data = flat.detach().contiguous().view(torch.uint8).numpy()
+    return zlib.crc32(data, previous)
+
+
+@dataclass
+class BroadcastGroup:
+    """A process group of its own for the weight broadcast; rank 0 is the sender."""
+
+    rank: int
+    world_size: int
+    group: dist.ProcessGroup
+    device: torch.device
+
+    @classmethod
+    def join(
+        cls, host: str, port: int, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
+    ) -> "BroadcastGroup":
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        prefixed = dist.PrefixStore("grpo_ray/weights", store)
+        if backend == "nccl":
+            group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+            device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            device = torch.device("cpu")
+        # Keep the store alive as long as the group: the group does not own it.
+        instance = cls(rank=rank, world_size=world_size, group=group, device=device)
+        instance._store = store  # type: ignore[attr-defined]
+        return instance
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.group.broadcast([tensor]).wait()
+
+
+def send_buckets(
+    group: BroadcastGroup, tensors: Iterable[torch.Tensor], specs: list[WeightSpec], buckets: list[list[int]]
+) -> tuple[int, int]:
+    """Broadcast tensors (in spec order) bucket by bucket; returns (checksum, bytes sent)."""
+    iterator = iter(tensors)
+    checksum, sent = 0, 0
+    for bucket in buckets:
+        parts = [next(iterator).detach().reshape(-1).to(_dtype(specs[i].dtype)) for i in bucket]
+        flat = torch.cat(parts).to(group.device)
+        group.broadcast(flat)
+        checksum = bucket_checksum(flat.cpu(), checksum)
+        sent += flat.numel() * flat.element_size()
+    return checksum, sent
+
+
+@dataclass
+class ReceiveTally:
+    checksum: int = 0
+    num_bytes: int = 0
+
+
+def receive_buckets(
+    group: BroadcastGroup, specs: list[WeightSpec], buckets: list[list[int]], tally: ReceiveTally
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, tensor) as buckets arrive; `tally` holds the checksum once exhausted.
+
+    A generator, so an engine's load loop pulls one bucket at a time and never holds a second
+    full copy of the model.
+    """
+    for bucket in buckets:
+        total = sum(specs[i].numel for i in bucket)
+        flat = torch.empty(total, dtype=_dtype(specs[bucket[0]].dtype), device=group.device)
+        group.broadcast(flat)
+        tally.checksum = bucket_checksum(flat.cpu(), tally.checksum)
+        tally.num_bytes += flat.numel() * flat.element_size()
+        offset = 0
+        for i in bucket:
+            spec = specs[i]
+            yield spec.name, flat[offset : offset + spec.numel].view(spec.shape)
+            offset += spec.numel

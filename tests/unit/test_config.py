@@ -1,0 +1,78 @@
+"""The recipe schema: every bad input is one line naming the field."""
+
+from pathlib import Path
+
+import pytest
+
+from grpo_ray.config import ConfigError, config_from_dict, load_config, plan_batches
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_tiny_recipe_loads_and_plans():
+    cfg = load_config(CONFIGS / "tiny.yaml")
+    plan = plan_batches(cfg)
+    # 32 prompts x 8 samples = 256 completions; one learner rank; micro-batches of 128 -> 2 accumulation steps.
+    assert (plan.completions_per_step, plan.sequences_per_learner_rank, plan.grad_accum_steps) == (256, 256, 2)
+
+
+def test_overrides_are_parsed_as_yaml():
+    cfg = load_config(CONFIGS / "tiny.yaml", ["train.steps=7", "rollout.backend=vllm", "model.lora.enabled=true"])
+    assert cfg.train.steps == 7 and cfg.rollout.backend == "vllm" and cfg.model.lora.enabled is True
+
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        ({"rollout": {"temprature": 1.0}}, "rollout.temprature: unknown key in rollout; allowed:"),
+        ({"rollout": {"temperature": 0}}, "rollout.temperature: Input should be greater than 0"),
+        ({"train": {"steps": "many"}}, "train.steps: Input should be a valid integer"),
+        ({"learner": {"zero_stage": 4}}, "learner.zero_stage: Input should be less than or equal to 3"),
+        ({"rollout": {"backend": "sglang"}}, "rollout.backend: Input should be 'hf' or 'vllm'"),
+        ({"reward": {"functions": []}}, "reward.functions: Value error, needs at least one reward function"),
+        ({"surprise": 1}, "surprise: unknown key; allowed:"),
+    ],
+)
+def test_bad_fields_are_one_line_errors_naming_the_field(raw, field):
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(raw)
+    message = str(caught.value)
+    assert message.startswith(field)
+    assert "\n" not in message
+
+
+def test_batch_that_does_not_divide_across_learners_is_refused():
+    # 3 prompts x 2 samples = 6 completions cannot split across 4 learner ranks.
+    with pytest.raises(ConfigError, match=r"^learner\.num_workers: 6 completions"):
+        config_from_dict({"train": {"prompts_per_step": 3}, "rollout": {"samples_per_prompt": 2}, "learner": {"num_workers": 4}})
+
+
+def test_prompts_that_do_not_divide_across_rollout_workers_are_refused():
+    with pytest.raises(ConfigError, match=r"^train\.prompts_per_step: 5 prompts"):
+        config_from_dict({"train": {"prompts_per_step": 5}, "rollout": {"num_workers": 2}})
+
+
+def test_micro_batch_must_divide_rank_share():
+    # 4 prompts x 3 samples = 12 sequences on one rank; micro-batches of 5 do not divide 12.
+    with pytest.raises(ConfigError, match=r"^learner\.micro_batch_size: 12 sequences"):
+        config_from_dict({"train": {"prompts_per_step": 4}, "rollout": {"samples_per_prompt": 3}, "learner": {"micro_batch_size": 5}})
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        load_config(bad)
+
+
+def test_malformed_override():
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        load_config(CONFIGS / "tiny.yaml", ["train.steps"])
+
+
+def test_config_is_frozen():
+    cfg = config_from_dict({})
+    with pytest.raises(Exception):
+        cfg.train.steps = 3  # type: ignore[misc]
