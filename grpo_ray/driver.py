@@ -1,4 +1,4 @@
-"""The GRPO training loop.
+r"""The GRPO training loop.
 
 Variant: GRPO (Shao et al., 2024) with one policy update per rollout batch. Per prompt, G
 completions; advantage A_i = (r_i - mean r) / (std r + eps) for every token of completion i; loss

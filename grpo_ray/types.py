@@ -73,6 +73,25 @@ class RolloutSlice:
     def completion_lengths(self) -> np.ndarray:  # [N]
         return self.completion_mask.sum(axis=1).astype(np.int64)
 
+    def select(self, rows: np.ndarray) -> "RolloutSlice":
+        """The given rows (indices, repeats allowed), in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        pick = lambda values: [values[i] for i in rows]  # noqa: E731
+        return RolloutSlice(
+            group_ids=self.group_ids[rows],
+            prompt_uids=self.prompt_uids[rows],
+            input_ids=self.input_ids[rows],
+            attention_mask=self.attention_mask[rows],
+            completion_mask=self.completion_mask[rows],
+            rollout_logprobs=self.rollout_logprobs[rows],
+            prompts=pick(self.prompts),
+            completions=pick(self.completions),
+            answers=pick(self.answers),
+            finish_reasons=pick(self.finish_reasons),
+            row_fields={name: pick(values) for name, values in self.row_fields.items()},
+            policy_version=self.policy_version,
+        )
+
 
 @dataclass(frozen=True)
 class ScoredSlice:

@@ -89,40 +89,62 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
     )
 
 
+def start_learners(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> list[Any]:
+    """Spawn the learner ranks; call `setup_learners` once they are ready."""
+    world = cfg.learner.num_workers
+    settings = learner_settings(cfg, plan)
+    return [
+        spawn(LearnerWorker, placement, "learner", rank, resources, settings, rank, world, name=f"learner-{rank}")
+        for rank in range(world)
+    ]
+
+
+def setup_learners(learners: list[Any]) -> None:
+    """Join the learners' torch.distributed world (it meets at rank 0's node) and build DeepSpeed."""
+    host, port = node_address_and_port(learners[0])
+    try:
+        ray.get([learner.setup.remote(host, port) for learner in learners])
+    except ray.exceptions.RayError as err:
+        raise ClusterError(f"learner set-up failed: {error_line(err)}") from None
+
+
+def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
+    return [
+        spawn(RolloutWorker, placement, "rollout", i, resources, rollout_settings(cfg, i), name=f"rollout-{i}")
+        for i in range(cfg.rollout.num_workers)
+    ]
+
+
+def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
+    functions = [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in cfg.reward.functions]
+    return [
+        spawn(RewardWorker, placement, "reward", i, resources, functions, name=f"reward-{i}")
+        for i in range(cfg.reward.num_workers)
+    ]
+
+
+def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> Any:
+    return spawn(
+        ReferenceWorker, placement, "reference", 0, resources,
+        cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads, name="reference",
+    )
+
+
 def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
     """Reserve the whole plan, start every actor, wait until all constructors finished."""
     roles = {role.role: role for role in plan_resources(cfg)}
     placement = reserve(list(roles.values()), cfg.ray.placement_timeout_s)
     try:
-        world = cfg.learner.num_workers
-        settings = learner_settings(cfg, plan)
-        learners = [
-            spawn(LearnerWorker, placement, "learner", rank, roles["learner"], settings, rank, world, name=f"learner-{rank}")
-            for rank in range(world)
-        ]
-        rollouts = [
-            spawn(RolloutWorker, placement, "rollout", i, roles["rollout"], rollout_settings(cfg, i), name=f"rollout-{i}")
-            for i in range(cfg.rollout.num_workers)
-        ]
-        functions = [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in cfg.reward.functions]
-        rewards = [
-            spawn(RewardWorker, placement, "reward", i, roles["reward"], functions, name=f"reward-{i}")
-            for i in range(cfg.reward.num_workers)
-        ]
-        reference = None
-        if cfg.use_reference:
-            reference = spawn(
-                ReferenceWorker, placement, "reference", 0, roles["reference"],
-                cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads, name="reference",
-            )
-        workers = Workers(placement, learners, rollouts, rewards, reference, roles)
+        workers = Workers(
+            placement=placement,
+            learners=start_learners(cfg, plan, placement, roles["learner"]),
+            rollouts=start_rollouts(cfg, placement, roles["rollout"]),
+            rewards=start_rewards(cfg, placement, roles["reward"]),
+            reference=start_reference(cfg, plan, placement, roles["reference"]) if cfg.use_reference else None,
+            resources=roles,
+        )
         wait_ready(workers.all())
-        # The learners' torch.distributed world meets at rank 0's node.
-        host, port = node_address_and_port(learners[0])
-        try:
-            ray.get([learner.setup.remote(host, port) for learner in learners])
-        except ray.exceptions.RayError as err:
-            raise ClusterError(f"learner set-up failed: {error_line(err)}") from None
+        setup_learners(workers.learners)
         return workers
     except BaseException:
         placement.remove()

@@ -117,18 +117,20 @@ def _is_peft(model: torch.nn.Module) -> bool:
 
 
 def _export_names(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    """(engine name, parameter) pairs; a tied lm_head is not sent twice."""
+    """(engine name, parameter) pairs, tied aliases included.
+
+    A tied lm_head is sent under its own name although it is the embedding: vLLM's CPU backend
+    keeps a processed copy of the LM head, and its in-place reload restores the *old* copy when
+    the checkpoint holds no lm_head weight (measured: log-prob gap 1.08 without it, 2e-6 with it).
+    """
     if _is_peft(model):
         base = model.get_base_model()
-        pairs = [
+        return [
             (name.replace(".base_layer.", "."), param)
-            for name, param in base.named_parameters()
+            for name, param in base.named_parameters(remove_duplicate=False)
             if "lora_" not in name
         ]
-    else:
-        pairs = list(model.named_parameters())
-    # named_parameters already de-duplicates tied weights (lm_head.weight is embed_tokens.weight).
-    return pairs
+    return list(model.named_parameters(remove_duplicate=False))
 
 
 def weight_specs(model: torch.nn.Module) -> list[WeightSpec]:
@@ -166,7 +168,7 @@ class merged_lora:
 
 def load_named_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> int:
     """Copy (name, tensor) pairs into a Hugging Face model in place; returns how many were loaded."""
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))
     loaded = 0
     with torch.no_grad():
         for name, tensor in weights:

@@ -1,0 +1,155 @@
+"""Real learner and rollout actors on a local Ray: data-parallel exactness and weight sync.
+
+The batch is generated once by a plain (in-process) RolloutWorker, so every test feeds the
+learners the very same tokens.
+"""
+
+import numpy as np
+import pytest
+
+from grpo_ray.actors.reward import RewardFunctionSetting, RewardWorker
+from grpo_ray.actors.rollout import RolloutWorker
+from grpo_ray.cluster.actors import reserve, wait_ready
+from grpo_ray.cluster.roles import rollout_settings, setup_learners, start_learners, start_rollouts
+from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
+from grpo_ray.config import RoleResources, config_from_dict, plan_batches
+from grpo_ray.data.loaders import load_rows
+from grpo_ray.data.prompts import tokenize_prompts
+from grpo_ray.driver import _group_advantages
+from grpo_ray.models.loading import load_tokenizer
+from grpo_ray.run_setup import make_probe
+from grpo_ray.types import LearnerShard, SamplingSettings
+
+from .conftest import HAS_VLLM
+
+PROMPTS, SAMPLES = 8, 4  # 32 completions per step
+
+
+def make_cfg(**sections):
+    base = {
+        "model": {"path": "tiny"},
+        "data": {"max_prompt_tokens": 32},
+        "rollout": {"samples_per_prompt": SAMPLES, "max_new_tokens": 5, "num_cpus": 0.5},
+        "learner": {"micro_batch_size": 8, "lr": 1e-3, "num_cpus": 0.5},
+        "train": {"prompts_per_step": PROMPTS},
+    }
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return config_from_dict(base)
+
+
+@pytest.fixture(scope="module")
+def step_batch():
+    """One step's slice, its scores and advantages, made in this process."""
+    cfg = make_cfg()
+    tokenizer = load_tokenizer("tiny")
+    rows, _ = load_rows("tiny:train")
+    prompts = tokenize_prompts(rows[:PROMPTS], tokenizer, 32, True).prompts
+    worker = RolloutWorker(rollout_settings(cfg, 0))
+    sampling = SamplingSettings(samples_per_prompt=SAMPLES, max_new_tokens=5, temperature=1.0, seed=1)
+    batch = worker.generate(prompts, 0, sampling, 1)
+    scored = RewardWorker([RewardFunctionSetting("exact_match", 1.0, {})]).score(batch)
+    advantages = _group_advantages(cfg, [scored])[0]
+    assert np.abs(advantages).sum() > 0, "the batch must carry a learning signal"
+    return batch, scored, advantages, make_probe(prompts[0], tokenizer)
+
+
+def shard_for(batch, advantages, rows, step=1):
+    return LearnerShard(
+        step=step,
+        advantages=[advantages[rows]],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=int((batch.completion_lengths > 0).sum()),
+        temperature=1.0,
+    )
+
+
+def start_learner_group(ray, cfg):
+    plan = plan_batches(cfg)
+    resources = RoleResources("learner", cfg.learner.num_workers, cfg.learner.num_cpus, 0)
+    placement = reserve([resources], 60)
+    learners = start_learners(cfg, plan, placement, resources)
+    wait_ready({f"learner-{i}": a for i, a in enumerate(learners)})
+    setup_learners(learners)
+    return placement, learners
+
+
+def test_two_rank_zero2_update_equals_one_rank(local_ray, step_batch):
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    results = {}
+    for world in (1, 2):
+        cfg = make_cfg(learner={"num_workers": world, "zero_stage": 2})
+        placement, learners = start_learner_group(ray, cfg)
+        before = ray.get(learners[0].parameters_snapshot.remote())
+        # Rank r gets rows [r*n/world, (r+1)*n/world); normalisers stay those of the whole step.
+        parts = np.array_split(np.arange(batch.num_rows), world)
+        ray.get([
+            learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+            for learner, rows in zip(learners, parts)
+        ])
+        snapshots = ray.get([learner.parameters_snapshot.remote() for learner in learners])
+        results[world] = snapshots[0]
+        if world == 2:
+            # ZeRO-2 ranks hold identical full parameters after the step.
+            for name in snapshots[0]:
+                np.testing.assert_array_equal(snapshots[0][name], snapshots[1][name])
+        for actor in learners:
+            ray.kill(actor)
+        placement.remove()
+    moved = max(float(np.abs(results[1][n] - before[n]).max()) for n in before)
+    assert moved > 1e-4, "the update must change the parameters for the comparison to mean anything"
+    worst = max(float(np.abs(results[1][n] - results[2][n]).max()) for n in results[1])
+    assert worst < 1e-5, f"2-rank ZeRO-2 differs from 1 rank by {worst:.2e}"
+
+
+@pytest.mark.parametrize(
+    "backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))]
+)
+def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backend):
+    ray = local_ray
+    batch, _, advantages, probe = step_batch
+    cfg = make_cfg(rollout={"backend": backend, "vllm": {"cpu_kv_cache_gb": 0.25}})
+    plan = plan_batches(cfg)
+    learner_res = RoleResources("learner", 1, 0.5, 0)
+    rollout_res = RoleResources("rollout", 1, 0.5, 0)
+    placement = reserve([learner_res, rollout_res], 60)
+    learners = start_learners(cfg, plan, placement, learner_res)
+    rollouts = start_rollouts(cfg, placement, rollout_res)
+    wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
+    setup_learners(learners)
+    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, backend="gloo")
+    try:
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        args = (batch.input_ids, batch.attention_mask, 1.0)
+        mask = batch.completion_mask
+        stale_gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
+        assert stale_gap.max() > 1e-3, "before the sync the engine must still hold the old weights"
+
+        result = sync.sync(version=1, probe=probe, probe_tolerance=1e-4)
+        assert result.num_bytes > 0 and result.probe_max_abs_diff <= 1e-4
+        gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
+        assert gap.max() < 1e-4, f"{backend}: engine and learner log-probs differ by {gap.max():.2e} after the sync"
+
+        # Sampled completions carry the sampler's log-probs: equal to the learner's on the same tokens.
+        sampled = ray.get(rollouts[0].generate.remote(
+            [_prompt_of(batch)], 0, SamplingSettings(4, 5, 1.0, seed=3), 1))
+        learner_view = ray.get(learners[0].score.remote(sampled.input_ids, sampled.attention_mask, 1.0))
+        sample_gap = np.abs(learner_view - sampled.rollout_logprobs) * sampled.completion_mask
+        assert sample_gap.max() < 1e-4, f"{backend}: sampling log-probs differ by {sample_gap.max():.2e}"
+
+        # A worker that misses an update is caught by the probe and named.
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        with pytest.raises(WeightSyncError, match="rollout-0: probe log-probs differ"):
+            sync.check_probe(probe, tolerance=1e-4)
+    finally:
+        for actor in learners + rollouts:
+            ray.kill(actor)
+        placement.remove()
+
+
+def _prompt_of(batch):
+    from grpo_ray.types import Prompt
+
+    prompt_len = int(batch.attention_mask[0].sum() - batch.completion_mask[0].sum())
+    return Prompt(uid=0, text=batch.prompts[0], token_ids=tuple(int(t) for t in batch.input_ids[0, :prompt_len]), answer=batch.answers[0])
