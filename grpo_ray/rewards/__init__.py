@@ -11,6 +11,15 @@ processes import it cheaply and it is tested on CPU.
 """
 
 from grpo_ray.rewards.exact_match import exact_match
+from grpo_ray.rewards.format import think_answer_format
+from grpo_ray.rewards.gsm8k import extract_gsm8k_answer, gsm8k
+from grpo_ray.rewards.heuristics import (
+    gsm8k_answer_format,
+    keywords,
+    length_words,
+    think_tag_diversity,
+    tldr_length,
+)
 from grpo_ray.rewards.math import last_boxed_answer, math_reward
 from grpo_ray.rewards.registry import (
     BUILTIN_REWARDS,
@@ -29,8 +38,16 @@ __all__ = [
     "RewardScores",
     "RewardSpecError",
     "exact_match",
+    "extract_gsm8k_answer",
+    "gsm8k",
+    "gsm8k_answer_format",
+    "keywords",
     "last_boxed_answer",
+    "length_words",
     "load_reward_function",
     "math_reward",
     "score_completions",
+    "think_answer_format",
+    "think_tag_diversity",
+    "tldr_length",
 ]

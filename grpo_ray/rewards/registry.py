@@ -11,7 +11,7 @@ The reward contract (as TRL's): ``fn(completions, prompts, answers, **row_fields
 failure, never as 0. Functions must accept and ignore unknown keyword arguments.
 
 A spec is one of:
-    * a built-in name: a key of ``BUILTIN_REWARDS`` ("exact_match", "math");
+    * a built-in name: a key of ``BUILTIN_REWARDS`` ("exact_match", "math", "gsm8k", ...);
     * ``package.module:function`` (an importable module);
     * ``path/to/file.py:function`` (a file, loaded once per process under a name derived from
       its resolved path). Processes should exchange specs, not function objects: a function
@@ -34,6 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from grpo_ray.rewards.exact_match import exact_match
+from grpo_ray.rewards.format import think_answer_format
+from grpo_ray.rewards.gsm8k import gsm8k
+from grpo_ray.rewards.heuristics import (
+    gsm8k_answer_format,
+    keywords,
+    length_words,
+    think_tag_diversity,
+    tldr_length,
+)
 from grpo_ray.rewards.math import math_reward
 
 RewardScores = list[float | None]
@@ -43,6 +52,13 @@ RewardFn = Callable[..., RewardScores | Awaitable[RewardScores]]
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "math": math_reward,
+    "gsm8k": gsm8k,
+    "format": think_answer_format,
+    "think_tag_diversity": think_tag_diversity,
+    "length_words": length_words,
+    "keywords": keywords,
+    "gsm8k_answer_format": gsm8k_answer_format,
+    "tldr_length": tldr_length,
 }
 
 # Contract arguments: passed by the caller on every call, so never bindable as options.

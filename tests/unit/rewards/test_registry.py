@@ -43,7 +43,7 @@ def call(fn, completions, answers=None, **row_fields):
 
 
 def test_builtins_are_registered_by_name():
-    assert BUILTIN_REWARDS == {"exact_match": exact_match, "math": math_reward}
+    assert {"exact_match": exact_match, "math": math_reward}.items() <= BUILTIN_REWARDS.items()
     assert load_reward_function("exact_match") is exact_match
     assert load_reward_function(" math ") is math_reward
 
