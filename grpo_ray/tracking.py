@@ -98,7 +98,7 @@ class ConsoleReporter:
     def __init__(self, total_steps: int, stream=None):
         self.stream = stream or sys.stdout
         self.total = total_steps
-        self.started = time.monotonic()
+        self.step_seconds: list[float] = []
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
@@ -123,8 +123,9 @@ class ConsoleReporter:
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
             self.bar.update(1)
             return
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / max(step, 1) * (self.total - step)
+        # From step times only: start-up and evaluation would inflate the first estimates.
+        self.step_seconds.append(metrics.get("timing/step", 0.0))
+        eta = sum(self.step_seconds) / len(self.step_seconds) * (self.total - step)
         fields = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
         print(f"step {step}/{self.total}  {fields}  eta {eta:.0f}s", file=self.stream, flush=True)
 

@@ -1,11 +1,7 @@
 """Read prompt/answer rows from local files or hub ids through `datasets`.
 
-Recognised shapes, detected per file:
-- generic rows: prompt from prompt/question/problem/input/instruction, answer from
-  answer/solution/output/ground_truth (or the fields named in the config);
-- verl-style parquet: `prompt` is a chat list (the last user message is the prompt) and the answer
-  is `reward_model.ground_truth`;
-- "tiny:train" / "tiny:heldout": the project's offline arithmetic task.
+Row shapes (POLARIS, GSM8K, verl-style parquet, generic fields) are detected per row by
+`grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" name the project's offline arithmetic task.
 """
 
 from __future__ import annotations
@@ -14,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PROMPT_FIELDS = ("prompt", "question", "problem", "input", "instruction")
-ANSWER_FIELDS = ("answer", "solution", "output", "ground_truth")
+from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_row
+
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 
 
@@ -64,7 +60,10 @@ def load_rows(spec: str, prompt_field: str | None = None, answer_field: str | No
         else:
             rows.append(row)
     if not rows:
-        hint = f"prompt field {prompt_field or ' / '.join(PROMPT_FIELDS)}, answer field {answer_field or ' / '.join(ANSWER_FIELDS)}"
+        hint = (
+            f"prompt field {prompt_field or ' / '.join(GENERIC_PROMPT_FIELDS)}, "
+            f"answer field {answer_field or ' / '.join(GENERIC_ANSWER_FIELDS)}"
+        )
         raise DataError(f"{spec}: no usable rows ({skipped} skipped); rows need a non-empty {hint}")
     return rows, skipped
 
@@ -93,37 +92,9 @@ def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
 
 
 def _to_row(record: dict[str, Any], prompt_field: str | None, answer_field: str | None) -> Row | None:
-    prompt = _prompt_text(record.get(prompt_field) if prompt_field else _first(record, PROMPT_FIELDS))
-    if answer_field:
-        answer = record.get(answer_field)
-    else:
-        answer = _first(record, ANSWER_FIELDS)
-        if answer is None and isinstance(record.get("reward_model"), dict):
-            answer = record["reward_model"].get("ground_truth")
-    if not isinstance(prompt, str) or not prompt.strip():
+    parsed = parse_row(record, prompt_field, answer_field)
+    if parsed is None:
         return None
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
-    if not isinstance(answer, str) or not answer.strip():
-        return None
-    used = {prompt_field, answer_field, *PROMPT_FIELDS, *ANSWER_FIELDS}
-    fields = {k: v for k, v in record.items() if k not in used}
-    return Row(prompt=prompt, answer=answer.strip(), fields=fields)
-
-
-def _first(record: dict[str, Any], names: tuple[str, ...]) -> Any:
-    for name in names:
-        if record.get(name) is not None:
-            return record[name]
-    return None
-
-
-def _prompt_text(value: Any) -> str | None:
-    """A prompt is a string, or a chat list whose last user message is the prompt."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        users = [m.get("content") for m in value if isinstance(m, dict) and m.get("role") == "user"]
-        if users and isinstance(users[-1], str):
-            return users[-1]
-    return None
+    # `datasets` gives every row every column of the file, None where the row has none.
+    fields = {name: value for name, value in parsed.fields.items() if value is not None}
+    return Row(prompt=parsed.prompt, answer=parsed.answer, fields=fields)
