@@ -38,10 +38,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.cluster.actors import ClusterError
     from grpo_ray.cluster.weights import WeightSyncError
     from grpo_ray.data.loaders import DataError
+    from grpo_ray.driver import RewardFailureError
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
 
-    return (ConfigError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError)
+    return (ConfigError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError, RewardFailureError)
 
 
 def one_line_errors(command: Callable) -> Callable:

@@ -120,10 +120,23 @@ class RewardFunctionConfig(_Section):
 
 
 class RewardConfig(_Section):
-    # Number of reward worker actors; completions are split across them.
+    # Number of reward worker actors; every slice's rows are split across them.
     num_workers: int = Field(1, ge=1)
     # CPUs reserved per reward worker.
     num_cpus: float = Field(0.25, gt=0)
+    # "subprocess": functions run in child processes with a hard timeout (math-verify and user code
+    # can hang or crash); "none": in the worker's own process (faster, no protection).
+    isolation: Literal["subprocess", "none"] = "subprocess"
+    # Child processes per reward worker (with isolation: subprocess); a batch is split across them.
+    processes_per_worker: int = Field(1, ge=1)
+    # Seconds one call of a reward function may take before its child is killed and its rows fail.
+    timeout_s: float = Field(30.0, gt=0)
+    # Address-space limit of each child process in MiB; null: none.
+    memory_limit_mb: int | None = Field(None, ge=64)
+    # Stop the run when a function fails on more than this fraction of completions over the window.
+    max_failure_rate: float = Field(0.5, gt=0, le=1)
+    # Steps in that window.
+    failure_window_steps: int = Field(10, ge=1)
     # Reward functions; the total reward is their weighted sum.
     functions: tuple[RewardFunctionConfig, ...] = (RewardFunctionConfig(name="exact_match"),)
 

@@ -32,6 +32,7 @@ from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster
 from grpo_ray.config import Config, config_to_dict, flatten, plan_batches
 from grpo_ray.data.prompts import PromptStream
+from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.run_setup import RunInputs, prepare_inputs
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri
 from grpo_ray.types import LearnerShard, Prompt, SamplingSettings, ScoredSlice
@@ -45,6 +46,10 @@ class TrainResult:
     eval_accuracy: dict[int, float]  # step -> held-out accuracy
     model_dir: str | None
     last_metrics: dict[str, float]
+
+
+class RewardFailureError(RuntimeError):
+    """A reward function failed on too many completions; the message names it and its first error."""
 
 
 class PhaseTimer:
@@ -97,6 +102,7 @@ def _loop(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowTrack
     sync = WeightBroadcaster(workers.learners, workers.rollouts, cfg.weight_sync.bucket_mb, cfg.weight_sync.timeout_s, backend)
     stream = PromptStream(inputs.train_prompts, seed=cfg.seed)
     num_learners = len(workers.learners)
+    failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
     accuracy: dict[int, float] = {}
 
     accuracy[0] = _evaluate(cfg, inputs, workers, tracker, step=0)
@@ -126,9 +132,10 @@ def _loop(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowTrack
 
         # Rewards: the pool reads the slices where they are; the driver pulls only the scores.
         with timer("reward"):
-            scored: list[ScoredSlice] = ray.get(
-                [workers.rewards[i % len(workers.rewards)].score.remote(ref) for i, ref in enumerate(flat_refs)]
-            )
+            scored = score_slices(workers.rewards, flat_refs, [plan.completions_per_step // len(flat_refs)] * len(flat_refs))
+            failures.record(*failure_counts(scored))
+            if (stop := failures.check()) is not None:
+                raise RewardFailureError(stop)
 
         # Advantages: group-relative, over the whole step, in this process (small arrays).
         with timer("advantages"):
@@ -174,6 +181,27 @@ def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettin
         refs.append(out if num_slices > 1 else [out])
     return refs
 
+
+
+def score_slices(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
+    k = len(rewards)
+    parts = []
+    for ref, n in zip(slice_refs, rows):
+        bounds = [n * j // k for j in range(k + 1)]
+        parts.append([rewards[j].score.remote(ref, bounds[j], bounds[j + 1]) for j in range(k) if bounds[j] < bounds[j + 1]])
+    return [ScoredSlice.concat(ray.get(per_slice)) for per_slice in parts]
+
+
+def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
+    failures: dict[str, int] = {}
+    first_errors: dict[str, str] = {}
+    for part in scored:
+        for name, count in part.failures.items():
+            failures[name] = failures.get(name, 0) + count
+        for name, error in part.first_errors.items():
+            first_errors.setdefault(name, error)
+    return failures, int(sum(len(s.rewards) for s in scored)), first_errors
 
 
 def _group_advantages(cfg: Config, scored: list[ScoredSlice]) -> list[np.ndarray]:
@@ -227,12 +255,12 @@ def _evaluate(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowT
     prompts = inputs.eval_prompts
     # Uneven shares are fine here: evaluation slices do not go to the learners.
     shares = np.array_split(np.arange(len(prompts)), len(workers.rollouts))
+    shares = [share for share in shares if len(share)]
     refs = [
-        worker.generate.remote([prompts[i] for i in share], int(share[0]) if len(share) else 0, greedy, 1)
+        worker.generate.remote([prompts[i] for i in share], int(share[0]), greedy, 1)
         for worker, share in zip(workers.rollouts, shares)
-        if len(share)
     ]
-    scored: list[ScoredSlice] = ray.get([workers.rewards[i % len(workers.rewards)].score.remote(r) for i, r in enumerate(refs)])
+    scored = score_slices(workers.rewards, refs, [len(share) for share in shares])
     first = cfg.reward.functions[0].name
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = float(np.nanmean(scores)) if np.isfinite(scores).any() else 0.0

@@ -106,6 +106,26 @@ class ScoredSlice:
     completion_lengths: np.ndarray  # [N] int64
     truncated: np.ndarray  # [N] bool: finish_reason == "length"
 
+    @staticmethod
+    def concat(parts: list["ScoredSlice"]) -> "ScoredSlice":
+        """Row ranges of one slice, scored by several workers, back into one (in order)."""
+        if len(parts) == 1:
+            return parts[0]
+        first_errors: dict[str, str] = {}
+        for part in parts:
+            for name, error in part.first_errors.items():
+                first_errors.setdefault(name, error)
+        return ScoredSlice(
+            group_ids=np.concatenate([p.group_ids for p in parts]),
+            prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
+            rewards=np.concatenate([p.rewards for p in parts]),
+            per_function={name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function},
+            failures={name: sum(p.failures[name] for p in parts) for name in parts[0].failures},
+            first_errors=first_errors,
+            completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
+            truncated=np.concatenate([p.truncated for p in parts]),
+        )
+
 
 @dataclass(frozen=True)
 class LearnerShard:

@@ -12,7 +12,7 @@ import ray
 
 from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
-from grpo_ray.actors.reward import RewardFunctionSetting, RewardWorker
+from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
 from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
 from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources
@@ -117,8 +117,10 @@ def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) 
 
 def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
     functions = [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in cfg.reward.functions]
+    r = cfg.reward
+    isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
     return [
-        spawn(RewardWorker, placement, "reward", i, resources, functions, name=f"reward-{i}")
+        spawn(RewardWorker, placement, "reward", i, resources, functions, isolation, name=f"reward-{i}")
         for i in range(cfg.reward.num_workers)
     ]
 
