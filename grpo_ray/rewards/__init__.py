@@ -20,6 +20,7 @@ from grpo_ray.rewards.heuristics import (
     think_tag_diversity,
     tldr_length,
 )
+from grpo_ray.rewards.http import http_reward
 from grpo_ray.rewards.math import last_boxed_answer, math_reward
 from grpo_ray.rewards.registry import (
     BUILTIN_REWARDS,
@@ -41,6 +42,7 @@ __all__ = [
     "extract_gsm8k_answer",
     "gsm8k",
     "gsm8k_answer_format",
+    "http_reward",
     "keywords",
     "last_boxed_answer",
     "length_words",

@@ -43,6 +43,7 @@ from grpo_ray.rewards.heuristics import (
     think_tag_diversity,
     tldr_length,
 )
+from grpo_ray.rewards.http import http_reward
 from grpo_ray.rewards.math import math_reward
 
 RewardScores = list[float | None]
@@ -59,6 +60,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "keywords": keywords,
     "gsm8k_answer_format": gsm8k_answer_format,
     "tldr_length": tldr_length,
+    "http": http_reward,
 }
 
 # Contract arguments: passed by the caller on every call, so never bindable as options.
