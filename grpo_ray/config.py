@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class ConfigError(ValueError):
@@ -119,6 +119,23 @@ class RewardFunctionConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+class RewardModelConfig(_Section):
+    # A sequence-classification model with one output that scores prompt + completion, in its own
+    # actor; null: no reward model.
+    path: str | None = None
+    # Its tokenizer; defaults to the model's own.
+    tokenizer: str | None = None
+    # Weight of its score in the total reward (logged as reward/reward_model/*).
+    weight: float = 1.0
+    # Sequences per forward pass.
+    batch_size: int = Field(32, ge=1)
+    # Longer prompt + completion pairs are truncated to this many tokens.
+    max_length: int = Field(1024, ge=8)
+    # Resources of the reward-model actor.
+    num_cpus: float = Field(0.5, gt=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
 class RewardConfig(_Section):
     # Number of reward worker actors; every slice's rows are split across them.
     num_workers: int = Field(1, ge=1)
@@ -137,15 +154,10 @@ class RewardConfig(_Section):
     max_failure_rate: float = Field(0.5, gt=0, le=1)
     # Steps in that window.
     failure_window_steps: int = Field(10, ge=1)
-    # Reward functions; the total reward is their weighted sum.
+    # Reward functions; the total reward is their weighted sum (plus the reward model's, if any).
+    # The first one is the evaluation accuracy.
     functions: tuple[RewardFunctionConfig, ...] = (RewardFunctionConfig(name="exact_match"),)
-
-    @field_validator("functions")
-    @classmethod
-    def _at_least_one(cls, value: tuple[RewardFunctionConfig, ...]) -> tuple[RewardFunctionConfig, ...]:
-        if not value:
-            raise ValueError("needs at least one reward function")
-        return value
+    model: RewardModelConfig = RewardModelConfig()
 
 
 class AdvantageName(str, Enum):
@@ -341,12 +353,17 @@ def plan_resources(cfg: Config) -> list[RoleResources]:
     ]
     if cfg.use_reference:
         roles.append(RoleResources("reference", 1, cfg.reference.num_cpus, cfg.reference.num_gpus))
+    if cfg.reward.model.path is not None:
+        m = cfg.reward.model
+        roles.append(RoleResources("reward_model", 1, m.num_cpus, m.num_gpus))
     return roles
 
 
 def check_config(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)
+    if not cfg.reward.functions and cfg.reward.model.path is None:
+        raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
     if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
         raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:

@@ -132,7 +132,7 @@ def _loop(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowTrack
 
         # Rewards: the pool reads the slices where they are; the driver pulls only the scores.
         with timer("reward"):
-            scored = score_slices(workers.rewards, flat_refs, [plan.completions_per_step // len(flat_refs)] * len(flat_refs))
+            scored = score_slices(workers, cfg, flat_refs, [plan.completions_per_step // len(flat_refs)] * len(flat_refs))
             failures.record(*failure_counts(scored))
             if (stop := failures.check()) is not None:
                 raise RewardFailureError(stop)
@@ -183,7 +183,16 @@ def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettin
 
 
 
-def score_slices(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
+    scored = pool_scores(workers.rewards, slice_refs, rows)
+    if workers.reward_model is None:
+        return scored
+    model_scores = ray.get([workers.reward_model.score.remote(ref) for ref in slice_refs])
+    return [part.with_function("reward_model", values, cfg.reward.model.weight) for part, values in zip(scored, model_scores)]
+
+
+def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
     k = len(rewards)
     parts = []
@@ -260,8 +269,8 @@ def _evaluate(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowT
         worker.generate.remote([prompts[i] for i in share], int(share[0]), greedy, 1)
         for worker, share in zip(workers.rollouts, shares)
     ]
-    scored = score_slices(workers.rewards, refs, [len(share) for share in shares])
-    first = cfg.reward.functions[0].name
+    scored = score_slices(workers, cfg, refs, [len(share) for share in shares])
+    first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = float(np.nanmean(scores)) if np.isfinite(scores).any() else 0.0
     tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored])))})

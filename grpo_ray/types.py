@@ -106,6 +106,21 @@ class ScoredSlice:
     completion_lengths: np.ndarray  # [N] int64
     truncated: np.ndarray  # [N] bool: finish_reason == "length"
 
+    def with_function(self, name: str, scores: np.ndarray, weight: float) -> "ScoredSlice":
+        """This slice with one more scorer's [N] scores (NaN = failed) added to the total."""
+        scores = np.asarray(scores, dtype=np.float64)
+        failed = int(np.isnan(scores).sum())
+        return ScoredSlice(
+            group_ids=self.group_ids,
+            prompt_uids=self.prompt_uids,
+            rewards=self.rewards + weight * scores,
+            per_function={**self.per_function, name: scores},
+            failures={**self.failures, name: failed},
+            first_errors=dict(self.first_errors) | ({name: "returned NaN"} if failed else {}),
+            completion_lengths=self.completion_lengths,
+            truncated=self.truncated,
+        )
+
     @staticmethod
     def concat(parts: list["ScoredSlice"]) -> "ScoredSlice":
         """Row ranges of one slice, scored by several workers, back into one (in order)."""

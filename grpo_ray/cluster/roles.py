@@ -25,6 +25,7 @@ class Workers:
     rollouts: list[Any]
     rewards: list[Any]
     reference: Any | None
+    reward_model: Any | None = None
     resources: dict[str, RoleResources] = field(default_factory=dict)
 
     def all(self) -> dict[str, Any]:
@@ -33,6 +34,8 @@ class Workers:
         named.update({f"reward-{i}": a for i, a in enumerate(self.rewards)})
         if self.reference is not None:
             named["reference"] = self.reference
+        if self.reward_model is not None:
+            named["reward_model"] = self.reward_model
         return named
 
     def stop(self) -> None:
@@ -132,6 +135,16 @@ def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resource
     )
 
 
+def start_reward_model(cfg: Config, placement: Placement, resources: RoleResources) -> Any:
+    from grpo_ray.actors.reward_model import RewardModelWorker
+
+    m = cfg.reward.model
+    return spawn(
+        RewardModelWorker, placement, "reward_model", 0, resources,
+        m.path, m.tokenizer, cfg.model.dtype, m.batch_size, cfg.learner.torch_threads, m.max_length, name="reward_model",
+    )
+
+
 def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
     """Reserve the whole plan, start every actor, wait until all constructors finished."""
     roles = {role.role: role for role in plan_resources(cfg)}
@@ -143,6 +156,7 @@ def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
             rollouts=start_rollouts(cfg, placement, roles["rollout"]),
             rewards=start_rewards(cfg, placement, roles["reward"]),
             reference=start_reference(cfg, plan, placement, roles["reference"]) if cfg.use_reference else None,
+            reward_model=start_reward_model(cfg, placement, roles["reward_model"]) if "reward_model" in roles else None,
             resources=roles,
         )
         wait_ready(workers.all())

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -141,3 +142,18 @@ def test_a_reward_function_that_always_fails_stops_the_run_naming_it(tmp_path):
     assert f"reward function '{path}:broken' failed on 100% of completions" in line
     assert "ZeroDivisionError: division by zero" in line
     assert len(ray_processes()) == before
+
+
+def test_reward_model_actor_scores_every_completion_beside_the_functions(tmp_path):
+    from grpo_ray.actors.reward_model import build_tiny_reward_model
+
+    model_dir = build_tiny_reward_model(tmp_path / "tiny-rm", seed=0)
+    result = train(quick_cfg(tmp_path, "train.steps=2", "data.eval_limit=20", f"reward.model.path={model_dir}",
+                             "reward.model.weight=0.1"))
+    rm = metric_history(result, "reward/reward_model/mean")
+    assert len(rm) == 2 and all(np.isfinite(v) for v in rm.values())
+    assert metric_history(result, "reward/reward_model/failures") == {1: 0.0, 2: 0.0}
+    # The total is exact_match + 0.1 x the model's score.
+    em, total = metric_history(result, "reward/exact_match/mean"), metric_history(result, "reward/mean")
+    for step in (1, 2):
+        assert total[step] == pytest.approx(em[step] + 0.1 * rm[step], abs=1e-9)
