@@ -6,6 +6,7 @@ Naming rule (from OpenRLHF): functions here that return object references end in
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -99,18 +100,23 @@ def wait_ready(actors: dict[str, Any], timeout_s: float = 600.0) -> None:
             raise ClusterError(f"{name} failed to start: {error_line(err)}") from None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def error_line(err: BaseException) -> str:
-    """The user-facing first line of an exception raised inside an actor."""
+    """The user-facing line of an exception raised inside an actor: the original exception's.
+
+    Ray wraps it: a task error keeps it as `.cause`; an actor whose constructor raised only keeps
+    the remote traceback as text, whose last line is "SomeError: message".
+    """
     cause = getattr(err, "cause", None)
     while cause is not None and getattr(cause, "cause", None) is not None:
         cause = cause.cause
     target = cause if cause is not None else err
-    text = str(target).strip()
-    if cause is None and "Traceback" in text:
-        # A RayTaskError's text carries the remote traceback; its last line is the exception.
-        lines = [line for line in text.splitlines() if line.strip()]
-        text = lines[-1] if lines else type(err).__name__
-    return text.splitlines()[0] if text else type(target).__name__
+    lines = [line.strip() for line in _ANSI.sub("", str(target)).splitlines() if line.strip()]
+    if not lines:
+        return type(target).__name__
+    return lines[0] if cause is not None else lines[-1]
 
 
 def call_on_actor(actor: Any, fn, *args: Any) -> Any:

@@ -55,7 +55,8 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
     dashboard = getattr(context, "dashboard_url", None) or None
     try:
         yield RaySession(
-            address=context.address_info.get("address", address or "local"),
+            # The address the user named (RAY_ADDRESS or ray.address) reads better than Ray's node IP.
+            address=address or context.address_info.get("address", "local"),
             started_local=not address,
             dashboard_url=f"http://{dashboard}" if dashboard else None,
         )
