@@ -184,6 +184,20 @@ class AlgorithmConfig(_Section):
     entropy_coef: float = Field(0.0, ge=0)
     # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm.
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    # mu: optimizer passes over each rollout batch. With mu > 1, pi_old is the rollout-time log-prob.
+    epochs_per_batch: int = Field(1, ge=1)
+    # Dual-clip constant (> 1) bounding the loss of negative-advantage tokens; null: off.
+    dual_clip: float | None = Field(None, gt=1)
+    # Truncated importance sampling: weight each token's loss by min(pi_learner / pi_rollout, cap),
+    # correcting the rollout engine's numerical mismatch; null: off.
+    tis_cap: float | None = Field(None, gt=0)
+    # Completions cut at rollout.max_new_tokens: none, zero_reward (POLARIS), mask (out of the loss),
+    # soft_penalty (DAPO: linear penalty over the last overlong_buffer tokens).
+    overlong: Literal["none", "zero_reward", "mask", "soft_penalty"] = "none"
+    # soft_penalty: tokens before max_new_tokens where the penalty starts.
+    overlong_buffer: int = Field(0, ge=0)
+    # soft_penalty: the penalty at max_new_tokens.
+    overlong_penalty: float = Field(1.0, ge=0)
 
 
 class ReferenceConfig(_Section):
@@ -366,6 +380,12 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
     if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
         raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
+    a = cfg.algorithm
+    if a.overlong == "soft_penalty" and not 0 < a.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= rollout.max_new_tokens "
+            f"({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
+        )
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
 

@@ -26,6 +26,7 @@ import ray
 import torch
 
 from grpo_ray.algo import compute_advantages
+from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.cluster.actors import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
@@ -138,14 +139,16 @@ def _loop(cfg: Config, inputs: RunInputs, workers: Workers, tracker: MlflowTrack
                 raise RewardFailureError(stop)
 
         # Advantages: group-relative, over the whole step, in this process (small arrays).
+        # Truncated completions are first treated as algorithm.overlong says.
         with timer("advantages"):
-            advantages = _group_advantages(cfg, scored)
+            rewards, row_weights = _shape_rewards(cfg, scored)
+            advantages = _group_advantages(cfg, scored, rewards, row_weights)
 
         # Update: learner rank j trains on slice j of every rollout worker.
         with timer("update"):
             if ref_refs is not None:
                 ray.wait(ref_refs, num_returns=len(ref_refs), fetch_local=False)
-            stats = _update(cfg, workers, slice_refs, ref_refs, advantages, scored, step)
+            stats = _update(cfg, workers, slice_refs, ref_refs, advantages, row_weights, scored, step)
 
         # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
         with timer("sync"):
@@ -213,35 +216,50 @@ def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict
     return failures, int(sum(len(s.rewards) for s in scored)), first_errors
 
 
-def _group_advantages(cfg: Config, scored: list[ScoredSlice]) -> list[np.ndarray]:
-    """Advantages per slice. Rows whose reward failed get 0 and do not enter their group's stats."""
-    rewards = np.concatenate([s.rewards for s in scored])
+def _shape_rewards(cfg: Config, scored: list[ScoredSlice]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
+    a = cfg.algorithm
+    shaped = [
+        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong,
+                               cfg.rollout.max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        for s in scored
+    ]
+    return [r for r, _ in shaped], [w for _, w in shaped]
+
+
+def _group_advantages(
+    cfg: Config, scored: list[ScoredSlice], rewards: list[np.ndarray], row_weights: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Advantages per slice. Failed or masked rows get 0 and do not enter their group's stats."""
+    all_rewards = np.concatenate(rewards)
     group_ids = np.concatenate([s.group_ids for s in scored])
-    valid = np.isfinite(rewards)
-    advantages = np.zeros(len(rewards), dtype=np.float32)
+    valid = np.isfinite(all_rewards) & (np.concatenate(row_weights) > 0)
+    advantages = np.zeros(len(all_rewards), dtype=np.float32)
     if valid.any():
         advantages[valid] = compute_advantages(
             cfg.algorithm.advantage.value,
-            torch.from_numpy(rewards[valid]).float(),
+            torch.from_numpy(all_rewards[valid]).float(),
             torch.from_numpy(group_ids[valid]),
             normalize_by_std=cfg.algorithm.normalize_by_std,
         ).numpy()
-    bounds = np.cumsum([0] + [s.rewards.shape[0] for s in scored])
-    return [advantages[bounds[i] : bounds[i + 1]] for i in range(len(scored))]
+    bounds = np.cumsum([0] + [len(r) for r in rewards])
+    return [advantages[bounds[i] : bounds[i + 1]] for i in range(len(rewards))]
 
 
-def _update(cfg: Config, workers: Workers, slice_refs, ref_refs, advantages, scored: list[ScoredSlice], step: int):
+def _update(cfg: Config, workers: Workers, slice_refs, ref_refs, advantages, row_weights, scored: list[ScoredSlice], step: int):
     num_learners = len(workers.learners)
     flat_index = lambda worker, rank: worker * num_learners + rank  # noqa: E731 - the order of flat_refs
-    global_tokens = float(sum(s.completion_lengths.sum() for s in scored))
-    # Completions with no tokens have nothing to average; aggregation skips them too.
-    global_sequences = int(sum((s.completion_lengths > 0).sum() for s in scored))
+    # Normalisers count what is in the loss: weighted tokens, and sequences that have any token
+    # (aggregation skips empty rows too).
+    global_tokens = float(sum((s.completion_lengths * w).sum() for s, w in zip(scored, row_weights)))
+    global_sequences = int(sum(((s.completion_lengths > 0) & (w > 0)).sum() for s, w in zip(scored, row_weights)))
     calls = []
     for rank, learner in enumerate(workers.learners):
         mine = [flat_index(w, rank) for w in range(len(slice_refs))]
         shard = LearnerShard(
             step=step,
             advantages=[advantages[i] for i in mine],
+            row_weights=[row_weights[i] for i in mine],
             global_tokens=max(global_tokens, 1.0),
             global_sequences=global_sequences,
             temperature=cfg.rollout.temperature,

@@ -152,6 +152,7 @@ class LearnerShard:
 
     step: int
     advantages: list[np.ndarray]  # one [N_k] float32 array per slice
+    row_weights: list[np.ndarray]  # one [N_k] float32 array per slice: 0 keeps a row out of the loss
     global_tokens: float  # completion tokens in the whole step
     global_sequences: int  # completions in the whole step
     temperature: float  # sampling temperature: learner log-probs use logits / temperature

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_ray.algo import grpo_loss, mismatch_stats
+from grpo_ray.algo import grpo_loss, mismatch_stats, truncated_is_weights
 from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buckets
 from grpo_ray.models.loading import (
     apply_lora,
@@ -53,6 +53,9 @@ class LearnerSettings:
     entropy_coef: float
     loss_aggregation: str
     max_new_tokens: int  # the constant of seq-mean-token-sum-norm
+    epochs_per_batch: int = 1
+    dual_clip: float | None = None
+    tis_cap: float | None = None
     lora_enabled: bool = False
     lora_rank: int = 8
     lora_alpha: float = 16.0
@@ -75,9 +78,15 @@ class LearnerWorker:
     def setup(self, master_addr: str, master_port: int) -> None:
         """Join the learners' torch.distributed world and build the DeepSpeed engine."""
         import deepspeed
+        import deepspeed.ops
 
         s = self.settings
         gpu = torch.cuda.is_available()
+        # DeepSpeed JIT-builds its shared-memory allreduce op in every init_distributed, behind a
+        # lock file that a learner killed mid-build leaves behind, after which every later run on
+        # the machine waits on it forever (seen here). The op is only used when LOCAL_SIZE is set,
+        # which we never do: skip building it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         os.environ.update(
             RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
@@ -121,47 +130,61 @@ class LearnerWorker:
         k = len(shard.advantages)
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
-        batch = _concat_rows(slices, shard.advantages, ref_arrays, self.tokenizer.pad_token_id)
+        batch = _concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
         s = self.settings
         self.engine.train()
         sums: dict[str, float] = {}
         num_micro = 0
         tokens = 0
-        for rows in _micro_batches(batch["input_ids"].shape[0], s.micro_batch_size):
-            mb = {name: value[rows] for name, value in batch.items()}
-            mb = _trim_padding(mb)
-            logprobs, entropy = sequence_logprobs(
-                self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature, with_entropy=True
-            )
-            # Single update per rollout batch: pi_old is the current policy, so the ratio is 1
-            # in value and the clipped objective reduces to the policy gradient.
-            old_logprobs = logprobs.detach()
-            out = grpo_loss(
-                logprobs=logprobs,
-                old_logprobs=old_logprobs,
-                advantages=mb["advantages"],
-                mask=mb["completion_mask"],
-                clip_low=s.clip_low,
-                clip_high=s.clip_high,
-                ref_logprobs=mb.get("ref_logprobs"),
-                kl_coef=s.kl_coef,
-                kl_estimator=s.kl_estimator,
-                entropy=entropy,
-                entropy_coef=s.entropy_coef,
-                aggregation=s.loss_aggregation,
-                norm_length=float(s.max_new_tokens),
-                global_tokens=shard.global_tokens,
-                global_sequences=float(shard.global_sequences),
-            )
-            self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
-            self.engine.step()
-            metrics = dict(out.metrics)
-            metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
-            for name, value in metrics.items():
-                sums[name] = sums.get(name, 0.0) + float(value)
-            num_micro += 1
-            tokens += int(mb["attention_mask"].sum())
-        metrics = {name: total / num_micro for name, total in sums.items()}
+        micro_batches = _micro_batches(batch["input_ids"].shape[0], s.micro_batch_size)
+        learner_old: dict[int, torch.Tensor] = {}  # the policy's own log-probs before this step
+        for epoch in range(s.epochs_per_batch):
+            for index, rows in enumerate(micro_batches):
+                mb = _trim_padding({name: value[rows] for name, value in batch.items()})
+                logprobs, entropy = sequence_logprobs(
+                    self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature, with_entropy=True
+                )
+                if epoch == 0:
+                    learner_old[index] = logprobs.detach()
+                # One pass: pi_old is the current policy (ratio 1 in value). Several passes (mu > 1):
+                # pi_old is the behaviour policy, whose log-probs the rollout engine recorded.
+                old_logprobs = learner_old[index] if s.epochs_per_batch == 1 else mb["rollout_logprobs"]
+                is_weights = None
+                if s.tis_cap is not None:
+                    is_weights = truncated_is_weights(learner_old[index], mb["rollout_logprobs"], s.tis_cap)
+                out = grpo_loss(
+                    logprobs=logprobs,
+                    old_logprobs=old_logprobs,
+                    advantages=mb["advantages"],
+                    mask=mb["completion_mask"] * mb["row_weights"][:, None],
+                    clip_low=s.clip_low,
+                    clip_high=s.clip_high,
+                    dual_clip=s.dual_clip,
+                    ref_logprobs=mb.get("ref_logprobs"),
+                    kl_coef=s.kl_coef,
+                    kl_estimator=s.kl_estimator,
+                    entropy=entropy,
+                    entropy_coef=s.entropy_coef,
+                    is_weights=is_weights,
+                    aggregation=s.loss_aggregation,
+                    norm_length=float(s.max_new_tokens),
+                    global_tokens=shard.global_tokens,
+                    global_sequences=float(shard.global_sequences),
+                )
+                self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
+                self.engine.step()
+                metrics = dict(out.metrics)
+                if epoch == 0:
+                    metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
+                for name, value in metrics.items():
+                    sums[name] = sums.get(name, 0.0) + float(value)
+                num_micro += 1
+                tokens += int(mb["attention_mask"].sum())
+        # mismatch/* come from the first pass only: average them over its micro-batches.
+        metrics = {
+            name: total / (len(micro_batches) if name.startswith("mismatch/") else num_micro)
+            for name, total in sums.items()
+        }
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None:
             metrics["actor/grad_norm"] = float(grad_norm)
@@ -234,7 +257,11 @@ class LearnerWorker:
 
 
 def _concat_rows(
-    slices: list[RolloutSlice], advantages: list[np.ndarray], refs: list[np.ndarray] | None, pad_id: int
+    slices: list[RolloutSlice],
+    advantages: list[np.ndarray],
+    row_weights: list[np.ndarray],
+    refs: list[np.ndarray] | None,
+    pad_id: int,
 ) -> dict[str, torch.Tensor]:
     """All rows of this rank's slices as tensors padded to one width."""
     width = max(s.input_ids.shape[1] for s in slices)
@@ -248,6 +275,7 @@ def _concat_rows(
         "completion_mask": torch.from_numpy(padded([s.completion_mask for s in slices], 0.0)),
         "rollout_logprobs": torch.from_numpy(padded([s.rollout_logprobs for s in slices], 0.0)),
         "advantages": torch.from_numpy(np.concatenate(advantages).astype(np.float32)),
+        "row_weights": torch.from_numpy(np.concatenate(row_weights).astype(np.float32)),
     }
     if refs is not None:
         batch["ref_logprobs"] = torch.from_numpy(padded(refs, 0.0))

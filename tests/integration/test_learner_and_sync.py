@@ -49,7 +49,7 @@ def step_batch():
     sampling = SamplingSettings(samples_per_prompt=SAMPLES, max_new_tokens=5, temperature=1.0, seed=1)
     batch = worker.generate(prompts, 0, sampling, 1)
     scored = RewardWorker([RewardFunctionSetting("exact_match", 1.0, {})]).score(batch)
-    advantages = _group_advantages(cfg, [scored])[0]
+    advantages = _group_advantages(cfg, [scored], [scored.rewards], [np.ones(scored.rewards.shape)])[0]
     assert np.abs(advantages).sum() > 0, "the batch must carry a learning signal"
     return batch, scored, advantages, make_probe(prompts[0], tokenizer)
 
@@ -58,6 +58,7 @@ def shard_for(batch, advantages, rows, step=1):
     return LearnerShard(
         step=step,
         advantages=[advantages[rows]],
+        row_weights=[np.ones(len(rows), dtype=np.float32)],
         global_tokens=float(batch.completion_mask.sum()),
         global_sequences=int((batch.completion_lengths > 0).sum()),
         temperature=1.0,
@@ -153,3 +154,37 @@ def _prompt_of(batch):
 
     prompt_len = int(batch.attention_mask[0].sum() - batch.completion_mask[0].sum())
     return Prompt(uid=0, text=batch.prompts[0], token_ids=tuple(int(t) for t in batch.input_ids[0, :prompt_len]), answer=batch.answers[0])
+
+
+def test_masked_rows_leave_the_policy_unchanged(local_ray, step_batch):
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    placement, learners = start_learner_group(ray, make_cfg())
+    before = ray.get(learners[0].parameters_snapshot.remote())
+    rows = np.arange(batch.num_rows)
+    shard = shard_for(batch, advantages, rows)
+    masked = LearnerShard(**{**shard.__dict__, "row_weights": [np.zeros(batch.num_rows, dtype=np.float32)]})
+    ray.get(learners[0].train_step.remote(masked, batch))
+    after = ray.get(learners[0].parameters_snapshot.remote())
+    # Every row out of the loss: zero gradients, and AdamW (no weight decay) takes a zero step.
+    assert max(float(np.abs(after[n] - before[n]).max()) for n in before) == 0.0
+    ray.kill(learners[0])
+    placement.remove()
+
+
+def test_second_pass_uses_rollout_logprobs_as_pi_old(local_ray, step_batch):
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    rows = np.arange(batch.num_rows)
+    ratios = {}
+    for mu in (1, 2):
+        cfg = make_cfg(algorithm={"epochs_per_batch": mu, "tis_cap": 2.0})
+        placement, learners = start_learner_group(ray, cfg)
+        stats = ray.get(learners[0].train_step.remote(shard_for(batch, advantages, rows), batch))
+        ratios[mu] = stats.metrics["actor/ratio_mean"]
+        ray.kill(learners[0])
+        placement.remove()
+    # One pass: pi_old is the current policy, the ratio is exactly 1. Two passes: after the first
+    # update the policy has moved away from the rollout-time log-probs.
+    assert ratios[1] == 1.0
+    assert abs(ratios[2] - 1.0) > 1e-4
