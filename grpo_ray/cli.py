@@ -1,7 +1,9 @@
-"""`grpo-ray`: train and validate GRPO recipes.
+"""`grpo-ray`: train and validate GRPO recipes, check rewards, evaluate models.
 
     grpo-ray validate configs/tiny.yaml
     grpo-ray train configs/tiny.yaml --set train.steps=20 --set output_dir=runs/try
+    grpo-ray rewards score --config configs/tiny.yaml --data answers.jsonl --output scored.jsonl
+    grpo-ray eval --model tiny --data tiny:heldout --temperature 0 --max-tokens 4 --reward exact_match
 
 Every user-facing error ends the command with one line naming the field or file and what to do,
 and exit code 1 (130 on Ctrl-C); a local Ray started here is stopped in every case.
@@ -120,6 +122,56 @@ def train(config: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"grpo-ray: training {config}")
     result = run_training(cfg)
     click.echo(f"MLflow run {result.run_id}: {result.tracking_uri}")
+
+
+@main.group()
+def rewards() -> None:
+    """Check reward functions on your own data."""
+
+
+@rewards.command("score")
+@click.option("--config", "config", required=True, type=click.Path(dir_okay=False), help="Recipe whose reward section to use.")
+@click.option("--data", "data", required=True, type=click.Path(dir_okay=False), help="JSON lines with completion and answer.")
+@click.option("--output", "output", type=click.Path(dir_okay=False), help="Write each row with its scores here (JSON lines).")
+@OVERRIDES
+@one_line_errors
+def rewards_score(config: str, data: str, output: str | None, overrides: tuple[str, ...]) -> None:
+    """Score existing completions with the recipe's reward functions; print mean and failures per function."""
+    from grpo_ray.reward_scoring import score_file, summary_lines
+
+    report = score_file(config, data, output, overrides)
+    for line in summary_lines(report):
+        click.echo(line)
+    if output is not None:
+        click.echo(f"wrote {output}")
+
+
+@main.command("eval")
+@click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
+@click.option("--data", "data", required=True, multiple=True, help="Benchmark file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.")
+@click.option("--n", "n", default=1, show_default=True, type=int, help="Samples per prompt (k of avg@k and pass@k).")
+@click.option("--temperature", default=1.0, show_default=True, type=float, help="Sampling temperature; 0 is greedy (with --n 1).")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
+@click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
+@click.option("--reward", default="math", show_default=True, help="Reward spec: a built-in name, module:function or file.py:function.")
+@click.option("--yarn-factor", default=None, type=float, help="Evaluate with YaRN rope scaling by this factor.")
+@click.option("--output-dir", default="runs/eval", show_default=True, type=click.Path(file_okay=False))
+@click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@one_line_errors
+def eval_command(**options) -> None:
+    """Sample completions on benchmark files and report avg@k and pass@k per data source."""
+    from grpo_ray.evaluate import EvalSettings, evaluate
+
+    report = evaluate(EvalSettings(**options), log=click.echo)
+    for line in report.table_lines():
+        click.echo(line)
+    click.echo(f"samples: {report.samples_file}")
+    click.echo(f"MLflow run {report.run_id}: {report.tracking_uri}")
+
 
 if __name__ == "__main__":
     main()

@@ -17,9 +17,9 @@ from grpo_ray.types import Completion, SamplingSettings
 
 
 class HFEngine:
-    def __init__(self, model_path: str, tokenizer, dtype: str = "float32"):
+    def __init__(self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None):
         self.tokenizer = tokenizer
-        self.model = load_causal_lm(model_path, dtype).eval()
+        self.model = load_causal_lm(model_path, dtype, config_overrides).eval()
         self.stop_ids = _stop_ids(tokenizer, self.model)
 
     @torch.no_grad()

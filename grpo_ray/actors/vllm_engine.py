@@ -31,6 +31,7 @@ class VllmEngine:
         gpu_memory_utilization: float = 0.5,
         cpu_kv_cache_gb: float = 1.0,
         tensor_parallel_size: int = 1,
+        config_overrides: dict | None = None,
     ):
         from vllm import LLM
 
@@ -44,6 +45,8 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel_size,
         )
+        if config_overrides:
+            kwargs["hf_overrides"] = config_overrides  # e.g. YaRN rope scaling at evaluation time
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:

@@ -56,12 +56,19 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
-def load_causal_lm(path: str, dtype: str = "float32") -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+def load_causal_lm(path: str, dtype: str = "float32", config_overrides: dict | None = None) -> torch.nn.Module:
+    """The model at `path`; `config_overrides` are set on its config first (e.g. YaRN rope scaling)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     resolved = resolve_model_path(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype))
+        kwargs = {}
+        if config_overrides:
+            config = AutoConfig.from_pretrained(resolved)
+            for name, value in config_overrides.items():
+                setattr(config, name, value)
+            kwargs["config"] = config
+        model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"model {path}: cannot load ({_first_line(err)}); check model.path") from None
     return model

@@ -1,0 +1,304 @@
+"""Score existing completions with a recipe's reward functions: `grpo-ray rewards score`.
+
+Check a reward on real answers before a run spends GPU hours on it:
+
+    grpo-ray rewards score --config configs/tiny.yaml --data answers.jsonl --output scored.jsonl
+
+Each input line is a JSON object with a `completion` and an `answer` (a `prompt` is optional;
+every other field passes through and reaches the functions as a keyword argument, as in
+training). The output has one line per input row, in input order: the row's fields, `reward`
+(the weighted total, null when any function failed on the row) and each function's score under
+its name (null when it failed).
+
+Failures are isolated per row, as the reward pool counts them: every function is first called on
+the whole batch; when that call fails (it raised, timed out, crashed), the rows it left unscored
+are scored again one at a time, so one bad row fails alone instead of taking the batch with it.
+
+    >>> from grpo_ray.config import RewardConfig, RewardFunctionConfig
+    >>> cfg = RewardConfig(isolation="none", functions=(RewardFunctionConfig(name="exact_match"),))
+    >>> score_rows(cfg, [ScoringRow("82", "82"), ScoringRow("81", "82")]).totals
+    [1.0, 0.0]
+
+Pure Python and the reward registry: no torch, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_ray.config import ConfigError, RewardConfig, load_config
+from grpo_ray.data.loaders import DataError
+from grpo_ray.rewards import load_reward_function, score_completions
+
+# Field names of an input row that are not passed to reward functions as row fields.
+COMPLETION_FIELD, ANSWER_FIELD, PROMPT_FIELD = "completion", "answer", "prompt"
+# Row fields that would collide with the contract's own arguments.
+_CONTRACT_ARGS = ("completions", "prompts", "answers")
+# Row-by-row rescoring of a failed batch stops after this many timeouts in a row: a function that
+# hangs on every row would otherwise cost rows x timeout_s.
+_MAX_TIMEOUTS_IN_A_ROW = 3
+
+# (scores [N], first error) of one function over a batch of N rows.
+FunctionResult = tuple[list[float | None], str | None]
+
+
+@dataclass(frozen=True)
+class ScoringRow:
+    """One completion to score, as read from a line of the input file."""
+
+    completion: str
+    answer: str
+    prompt: str = ""
+    # Every field of the line as read, in file order (written back out with the scores).
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FunctionScores:
+    """One reward function's scores over all rows."""
+
+    name: str  # its key in the output rows: the spec, with "#2", "#3" on repeats
+    weight: float
+    scores: list[float | None]  # [N] None where the function failed on the row
+    first_error: str | None  # one line; None when no row failed
+
+    @property
+    def failures(self) -> int:
+        return sum(score is None for score in self.scores)
+
+    @property
+    def mean(self) -> float | None:
+        """Mean over the rows it scored; None when it scored none."""
+        scored = [score for score in self.scores if score is not None]
+        return sum(scored) / len(scored) if scored else None
+
+
+@dataclass(frozen=True)
+class ScoringReport:
+    rows: list[ScoringRow]  # [N] in input order
+    functions: list[FunctionScores]  # in config order
+    totals: list[float | None]  # [N] weighted sum; None where any function failed
+
+    def records(self) -> list[dict[str, Any]]:
+        """Output rows: the input fields, then `reward`, then each function's score by name."""
+        records = []
+        for i, row in enumerate(self.rows):
+            record = dict(row.fields)
+            record["reward"] = self.totals[i]
+            for function in self.functions:
+                record[function.name] = function.scores[i]
+            records.append(record)
+        return records
+
+
+# ---- reading rows ------------------------------------------------------------------------------
+
+
+def read_scoring_rows(path: str | Path) -> list[ScoringRow]:
+    """Rows of a JSON-lines file; DataError naming the file and line for anything unusable.
+
+    Blank lines are skipped (and still counted, so line numbers match an editor's).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found; give a JSON-lines file with completion and answer fields")
+    rows = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                rows.append(_parse_line(line, f"{path}:{number}"))
+    if not rows:
+        raise DataError(f"{path}: no rows; give one JSON object per line with completion and answer fields")
+    return rows
+
+
+def _parse_line(line: str, where: str) -> ScoringRow:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON ({err.msg}); give one JSON object per line") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: a {type(record).__name__}, not a JSON object; give one object per line")
+    completion = record.get(COMPLETION_FIELD)
+    if not isinstance(completion, str):
+        raise DataError(f"{where}: no string '{COMPLETION_FIELD}' field; every row needs the completion to score")
+    answer = record.get(ANSWER_FIELD)
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)  # as the dataset loaders read numeric answers
+    if not isinstance(answer, str):
+        raise DataError(f"{where}: no '{ANSWER_FIELD}' field (a string or a number); every row needs the reference answer")
+    prompt = record.get(PROMPT_FIELD)
+    return ScoringRow(completion, answer, prompt if isinstance(prompt, str) else "", record)
+
+
+# ---- scoring -----------------------------------------------------------------------------------
+
+
+class RowScorer:
+    """Reward functions named by spec, each scored over a batch with per-row failure isolation.
+
+    isolation "subprocess" runs them in a SandboxedScorer (a hard timeout per call, crash
+    isolation); "none" calls them in this process. Use as a context manager (children are killed
+    on exit).
+    """
+
+    def __init__(
+        self,
+        functions: list[tuple[str, dict]],
+        isolation: str = "subprocess",
+        timeout_s: float = 30.0,
+        processes: int = 1,
+        memory_limit_mb: int | None = None,
+    ):
+        self.sandbox = None
+        if isolation == "subprocess":
+            from grpo_ray.rewards.sandbox import SandboxedScorer
+
+            self.sandbox = SandboxedScorer(
+                functions, num_processes=processes, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb
+            )
+            self._call: Callable[..., FunctionResult] = self._call_sandboxed
+        else:
+            self.loaded = [load_reward_function(spec, options) for spec, options in functions]
+            self._call = self._call_in_process
+        self.num_functions = len(functions)
+
+    def score(
+        self, completions: list[str], prompts: list[str], answers: list[str], row_fields: dict[str, list]
+    ) -> list[FunctionResult]:
+        """(scores [N], first error) of every function, in constructor order."""
+        batch = (completions, prompts, answers, row_fields)
+        return [self._score_function(index, batch) for index in range(self.num_functions)]
+
+    def _score_function(self, index: int, batch: tuple) -> FunctionResult:
+        scores, error = self._call(index, *batch)
+        if error is None:
+            return scores, None if None not in scores else "returned None (could not score)"
+        # The batch call failed: score the rows it left unscored one at a time.
+        completions, prompts, answers, row_fields = batch
+        scores = list(scores)
+        first_error, timeouts = None, 0
+        for i in [i for i, score in enumerate(scores) if score is None]:
+            if timeouts >= _MAX_TIMEOUTS_IN_A_ROW:
+                break  # leave the rest None: the batch's error stands for them
+            one = {name: values[i : i + 1] for name, values in row_fields.items()}
+            row_scores, row_error = self._call(index, completions[i : i + 1], prompts[i : i + 1], answers[i : i + 1], one)
+            scores[i] = row_scores[0]
+            timeouts = timeouts + 1 if row_error and row_error.startswith("timed out") else 0
+            if scores[i] is None and first_error is None:
+                first_error = row_error or "returned None (could not score)"
+        return scores, first_error or (error if None in scores else None)
+
+    def _call_sandboxed(self, index, completions, prompts, answers, row_fields) -> FunctionResult:
+        result = self.sandbox.score(index, completions, prompts, answers, row_fields)
+        return result.scores, result.error
+
+    def _call_in_process(self, index, completions, prompts, answers, row_fields) -> FunctionResult:
+        try:
+            return score_completions(self.loaded[index], completions, prompts, answers, row_fields), None
+        except Exception as err:  # any failure of the function fails its rows, never the command
+            lines = str(err).strip().splitlines()
+            return [None] * len(completions), f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+    def __enter__(self) -> RowScorer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def row_fields_of(rows: list[ScoringRow]) -> dict[str, list]:
+    """Extra fields as the reward contract wants them: name -> [N] values (None where a row has none)."""
+    skip = {COMPLETION_FIELD, ANSWER_FIELD, PROMPT_FIELD, *_CONTRACT_ARGS}
+    names = list(dict.fromkeys(name for row in rows for name in row.fields if name not in skip))
+    return {name: [row.fields.get(name) for row in rows] for name in names}
+
+
+def function_names(specs: list[str]) -> list[str]:
+    """Output keys: the spec, with "#2", "#3"... on its repeats (the same function, other options)."""
+    seen: dict[str, int] = {}
+    names = []
+    for spec in specs:
+        seen[spec] = seen.get(spec, 0) + 1
+        names.append(spec if seen[spec] == 1 else f"{spec}#{seen[spec]}")
+    return names
+
+
+def score_rows(cfg_reward: RewardConfig, rows: list[ScoringRow]) -> ScoringReport:
+    """Score every row with `cfg_reward.functions` (weights, options, isolation, timeout)."""
+    if not cfg_reward.functions:
+        raise ConfigError("reward.functions: empty; name at least one reward function to score with")
+    specs = [(f.name, dict(f.options)) for f in cfg_reward.functions]
+    batch = ([r.completion for r in rows], [r.prompt for r in rows], [r.answer for r in rows], row_fields_of(rows))
+    with RowScorer(
+        specs,
+        isolation=cfg_reward.isolation,
+        timeout_s=cfg_reward.timeout_s,
+        processes=cfg_reward.processes_per_worker,
+        memory_limit_mb=cfg_reward.memory_limit_mb,
+    ) as scorer:
+        results = scorer.score(*batch)
+    names = function_names([f.name for f in cfg_reward.functions])
+    functions = [
+        FunctionScores(name, f.weight, scores, error)
+        for name, f, (scores, error) in zip(names, cfg_reward.functions, results)
+    ]
+    return ScoringReport(rows=rows, functions=functions, totals=weighted_totals(functions, len(rows)))
+
+
+def weighted_totals(functions: list[FunctionScores], n: int) -> list[float | None]:
+    """Per row: sum of weight x score, or None when any function failed on the row."""
+    totals: list[float | None] = []
+    for i in range(n):
+        scores = [f.scores[i] for f in functions]
+        totals.append(None if None in scores else math.fsum(f.weight * s for f, s in zip(functions, scores)))
+    return totals
+
+
+# ---- the command -------------------------------------------------------------------------------
+
+
+def write_records(records: list[dict[str, Any]], path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for record in records:
+            out.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+
+
+def summary_lines(report: ScoringReport) -> list[str]:
+    """The table `grpo-ray rewards score` prints: mean and failures per function."""
+    width = max(len("function"), *(len(f.name) for f in report.functions))
+    lines = [
+        f"rows {len(report.rows)}",
+        f"{'function':<{width}}  {'weight':>7}  {'mean':>7}  {'failures':>8}  first error",
+    ]
+    for f in report.functions:
+        mean = "-" if f.mean is None else f"{f.mean:.4f}"
+        lines.append(f"{f.name:<{width}}  {f.weight:>7g}  {mean:>7}  {f.failures:>8}  {f.first_error or ''}".rstrip())
+    scored = [t for t in report.totals if t is not None]
+    mean_total = f"{sum(scored) / len(scored):.4f}" if scored else "-"
+    failed = len(report.totals) - len(scored)
+    lines.append(f"{'reward':<{width}}  {'':>7}  {mean_total:>7}  {failed:>8}  (weighted total; rows where any function failed)")
+    return lines
+
+
+def score_file(
+    config: str, data: str, output: str | None = None, overrides: tuple[str, ...] = ()
+) -> ScoringReport:
+    """Read the recipe and the rows, score them, write `output` if given."""
+    cfg = load_config(config, overrides)
+    rows = read_scoring_rows(data)
+    report = score_rows(cfg.reward, rows)
+    if output is not None:
+        write_records(report.records(), output)
+    return report
