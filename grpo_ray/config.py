@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,16 +159,9 @@ class RewardConfig(_Section):
     model: RewardModelConfig = RewardModelConfig()
 
 
-class AdvantageName(str, Enum):
-    GRPO = "grpo"
-    DR_GRPO = "dr_grpo"
-    RLOO = "rloo"
-    REINFORCE_PP_BASELINE = "reinforce_pp_baseline"
-
-
 class AlgorithmConfig(_Section):
     # Advantage estimator: grpo, dr_grpo, rloo, reinforce_pp_baseline.
-    advantage: AdvantageName = AdvantageName.GRPO
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"] = "grpo"
     # GRPO only: divide by the group's reward std.
     normalize_by_std: bool = True
     # Lower clip range of the importance ratio: ratio >= 1 - clip_low.

@@ -237,7 +237,7 @@ def _group_advantages(
     advantages = np.zeros(len(all_rewards), dtype=np.float32)
     if valid.any():
         advantages[valid] = compute_advantages(
-            cfg.algorithm.advantage.value,
+            cfg.algorithm.advantage,
             torch.from_numpy(all_rewards[valid]).float(),
             torch.from_numpy(group_ids[valid]),
             normalize_by_std=cfg.algorithm.normalize_by_std,

@@ -76,3 +76,19 @@ def test_config_is_frozen():
     cfg = config_from_dict({})
     with pytest.raises(Exception):
         cfg.train.steps = 3  # type: ignore[misc]
+
+
+def test_variant_names_in_the_schema_are_the_registered_ones():
+    # The schema spells the variants as literals (no torch import to validate a recipe); they must
+    # stay exactly the names the algorithm registries accept.
+    import typing
+
+    from grpo_ray.algo import AdvantageEstimator, KLEstimator, LossAggregation
+    from grpo_ray.config import AlgorithmConfig
+
+    def literal(field):
+        return set(typing.get_args(AlgorithmConfig.model_fields[field].annotation))
+
+    assert literal("advantage") == {e.value for e in AdvantageEstimator}
+    assert literal("kl_estimator") == {e.value for e in KLEstimator}
+    assert literal("loss_aggregation") == {e.value for e in LossAggregation}
