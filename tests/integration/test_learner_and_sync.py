@@ -75,14 +75,16 @@ def start_learner_group(ray, cfg):
     return placement, learners
 
 
-def test_two_rank_zero2_update_equals_one_rank(local_ray, step_batch):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_rank_update_equals_one_rank(local_ray, step_batch, zero_stage):
     ray = local_ray
     batch, _, advantages, _ = step_batch
     results = {}
     for world in (1, 2):
-        cfg = make_cfg(learner={"num_workers": world, "zero_stage": 2})
+        cfg = make_cfg(learner={"num_workers": world, "zero_stage": zero_stage})
         placement, learners = start_learner_group(ray, cfg)
-        before = ray.get(learners[0].parameters_snapshot.remote())
+        # Every rank takes part: under ZeRO-3 gathering the full parameters is a collective.
+        before = ray.get([learner.parameters_snapshot.remote() for learner in learners])[0]
         # Rank r gets rows [r*n/world, (r+1)*n/world); normalisers stay those of the whole step.
         parts = np.array_split(np.arange(batch.num_rows), world)
         ray.get([
@@ -92,7 +94,7 @@ def test_two_rank_zero2_update_equals_one_rank(local_ray, step_batch):
         snapshots = ray.get([learner.parameters_snapshot.remote() for learner in learners])
         results[world] = snapshots[0]
         if world == 2:
-            # ZeRO-2 ranks hold identical full parameters after the step.
+            # Both ranks hold (or, under ZeRO-3, gather) identical full parameters after the step.
             for name in snapshots[0]:
                 np.testing.assert_array_equal(snapshots[0][name], snapshots[1][name])
         for actor in learners:
@@ -101,7 +103,7 @@ def test_two_rank_zero2_update_equals_one_rank(local_ray, step_batch):
     moved = max(float(np.abs(results[1][n] - before[n]).max()) for n in before)
     assert moved > 1e-4, "the update must change the parameters for the comparison to mean anything"
     worst = max(float(np.abs(results[1][n] - results[2][n]).max()) for n in results[1])
-    assert worst < 1e-5, f"2-rank ZeRO-2 differs from 1 rank by {worst:.2e}"
+    assert worst < 1e-5, f"2-rank ZeRO-{zero_stage} differs from 1 rank by {worst:.2e}"
 
 
 @pytest.mark.parametrize(

@@ -157,3 +157,12 @@ def test_reward_model_actor_scores_every_completion_beside_the_functions(tmp_pat
     em, total = metric_history(result, "reward/exact_match/mean"), metric_history(result, "reward/mean")
     for step in (1, 2):
         assert total[step] == pytest.approx(em[step] + 0.1 * rm[step], abs=1e-9)
+
+
+def test_zero3_learners_gather_weights_for_the_broadcast(tmp_path):
+    # Two ZeRO-3 ranks each hold half of every parameter; the broadcast gathers bucket by bucket.
+    result = train(quick_cfg(tmp_path, "train.steps=2", "learner.num_workers=2", "learner.zero_stage=3",
+                             "learner.num_cpus=0.5", "weight_sync.probe_every=1", "data.eval_limit=20"))
+    probe = metric_history(result, "sync/probe_max_abs_diff")
+    assert len(probe) == 2 and max(probe.values()) < 1e-4
+    assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4
