@@ -33,6 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from grpo_ray.algo.registry import lookup
+
 
 class AdvantageEstimator(str, Enum):
     GRPO = "grpo"
@@ -140,12 +142,7 @@ _ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, AdvantageFn] = {
 
 def get_advantage_estimator(estimator: AdvantageEstimator | str) -> AdvantageFn:
     """Registry lookup; raises ValueError naming the valid choices for an unknown name."""
-    try:
-        return _ADVANTAGE_ESTIMATORS[AdvantageEstimator(estimator)]
-    except ValueError:
-        choices = [e.value for e in AdvantageEstimator]
-        message = f"unknown advantage estimator {estimator!r}; choose one of {choices}"
-        raise ValueError(message) from None
+    return lookup(_ADVANTAGE_ESTIMATORS, AdvantageEstimator, estimator, "advantage estimator")
 
 
 def compute_advantages(

@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from grpo_ray.algo.registry import lookup
+
 
 class LossAggregation(str, Enum):
     TOKEN_MEAN = "token-mean"
@@ -105,11 +107,7 @@ _AGGREGATIONS: dict[LossAggregation, AggregationFn] = {
 
 def get_loss_aggregation(mode: LossAggregation | str) -> AggregationFn:
     """Registry lookup; raises ValueError naming the valid choices for an unknown mode."""
-    try:
-        return _AGGREGATIONS[LossAggregation(mode)]
-    except ValueError:
-        choices = [m.value for m in LossAggregation]
-        raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {choices}") from None
+    return lookup(_AGGREGATIONS, LossAggregation, mode, "loss aggregation")
 
 
 def aggregate_loss(

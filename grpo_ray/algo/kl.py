@@ -24,6 +24,8 @@ from enum import Enum
 import torch
 from torch import Tensor
 
+from grpo_ray.algo.registry import lookup
+
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -58,11 +60,7 @@ _KL_ESTIMATORS: dict[KLEstimator, KLFn] = {
 
 def get_kl_estimator(estimator: KLEstimator | str) -> KLFn:
     """Registry lookup: a function of x = logp - ref_logp; unknown names raise ValueError."""
-    try:
-        return _KL_ESTIMATORS[KLEstimator(estimator)]
-    except ValueError:
-        choices = [e.value for e in KLEstimator]
-        raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {choices}") from None
+    return lookup(_KL_ESTIMATORS, KLEstimator, estimator, "KL estimator")
 
 
 def kl_divergence(
