@@ -72,6 +72,13 @@ class DataConfig(_Section):
     apply_chat_template: bool = True
     # Use at most this many evaluation prompts (the first ones, in file order). null: all.
     eval_limit: int | None = Field(None, ge=1)
+    # Appended to every prompt that does not already contain it (POLARIS: "Let's think step by
+    # step and output the final answer within \\boxed{}."). null: none.
+    instruction: str | None = None
+    # Keep training rows whose difficulty (POLARIS "k/8", or a number in [0, 1]) is in [low, high].
+    difficulty_band: tuple[float, float] | None = None
+    # With no eval_files: hold out this seeded fraction of the training rows for evaluation.
+    val_fraction: float = Field(0.0, ge=0, lt=1)
 
 
 class VllmConfig(_Section):

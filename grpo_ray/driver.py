@@ -79,6 +79,11 @@ def train(cfg: Config, console: ConsoleReporter | None = None) -> TrainResult:
     )
     tracker.log_config(flatten(config_to_dict(cfg)), config_to_dict(cfg))
     console.info(f"MLflow run {tracker.run_id} in {tracker.tracking_uri}")
+    console.info(
+        f"data: {len(inputs.train_prompts)} training and {len(inputs.eval_prompts)} evaluation prompts; skipped "
+        f"{inputs.skipped_rows} unusable rows, {inputs.dropped_too_long} over data.max_prompt_tokens, "
+        f"{inputs.dropped_by_difficulty} outside data.difficulty_band"
+    )
     status = "FAILED"
     try:
         with ray_session(cfg.ray) as session:

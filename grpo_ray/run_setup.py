@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.config import Config
-from grpo_ray.data.loaders import DataError, check_data_path, load_rows
+from grpo_ray.data.loaders import DataError, Row, check_data_path, load_rows
+from grpo_ray.data.selection import in_difficulty_band, split_validation, with_instruction
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.models.loading import check_model_path, load_tokenizer
 from grpo_ray.types import Probe, Prompt
@@ -22,8 +23,9 @@ class RunInputs:
     train_prompts: list[Prompt]
     eval_prompts: list[Prompt]
     probe: Probe
-    skipped_rows: int
-    dropped_too_long: int
+    skipped_rows: int  # rows without a usable prompt or answer
+    dropped_too_long: int  # prompts over data.max_prompt_tokens
+    dropped_by_difficulty: int  # training rows outside data.difficulty_band
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
@@ -36,29 +38,38 @@ def prepare_inputs(cfg: Config) -> RunInputs:
         check_data_path(spec, "data.eval_files")
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
 
-    def prompts_of(files: tuple[str, ...], limit: int | None) -> tuple[list[Prompt], int, int]:
+    def read(files: tuple[str, ...]) -> tuple[list[Row], int]:
         rows, skipped = [], 0
         for spec in files:
             file_rows, file_skipped = load_rows(spec, cfg.data.prompt_field, cfg.data.answer_field)
             rows.extend(file_rows)
             skipped += file_skipped
-        if limit is not None:
-            rows = rows[:limit]
-        prompt_set = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_tokens, cfg.data.apply_chat_template)
-        return prompt_set.prompts, skipped, prompt_set.dropped_too_long
+        return with_instruction(rows, cfg.data.instruction), skipped
 
-    train, skipped, dropped = prompts_of(cfg.data.train_files, None)
-    if not train:
-        raise DataError(
-            f"data.train_files: every prompt is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it"
-        )
-    evaluation, eval_skipped, eval_dropped = prompts_of(cfg.data.eval_files, cfg.data.eval_limit) if cfg.data.eval_files else ([], 0, 0)
+    def tokenized(rows: list[Row], field: str) -> tuple[list[Prompt], int]:
+        prompt_set = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_tokens, cfg.data.apply_chat_template)
+        if rows and not prompt_set.prompts:
+            raise DataError(
+                f"{field}: every prompt is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}; raise it"
+            )
+        return prompt_set.prompts, prompt_set.dropped_too_long
+
+    train_rows, skipped = read(cfg.data.train_files)
+    train_rows, out_of_band = in_difficulty_band(train_rows, cfg.data.difficulty_band)
+    eval_rows, eval_skipped = read(cfg.data.eval_files) if cfg.data.eval_files else ([], 0)
+    if not cfg.data.eval_files:
+        train_rows, eval_rows = split_validation(train_rows, cfg.data.val_fraction, cfg.seed)
+    if cfg.data.eval_limit is not None:
+        eval_rows = eval_rows[: cfg.data.eval_limit]
+    train, dropped = tokenized(train_rows, "data.train_files")
+    evaluation, eval_dropped = tokenized(eval_rows, "data.eval_files")
     return RunInputs(
         train_prompts=train,
         eval_prompts=evaluation,
         probe=make_probe(train[0], tokenizer),
         skipped_rows=skipped + eval_skipped,
         dropped_too_long=dropped + eval_dropped,
+        dropped_by_difficulty=out_of_band,
     )
 
 
