@@ -204,6 +204,8 @@ def _guarded(load: Callable, name: str) -> Callable:
     def call(*args, **kwargs):
         try:
             return load(*args, **kwargs)
+        except ModelLoadError:
+            raise  # the shared loader already named the model in one line
         except (OSError, ValueError, TypeError) as err:
             lines = [line for line in str(err).splitlines() if line.strip() and "validation error" not in line]
             raise ModelLoadError(f"model {name}: cannot load ({lines[0].strip() if lines else type(err).__name__})") from None
