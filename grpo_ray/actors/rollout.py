@@ -77,7 +77,6 @@ class RolloutWorker:
         Group ids are `group_offset + k` for the k-th prompt, so ids are unique across workers.
         Returns a bare slice when num_slices == 1 (Ray's num_returns=1 wants one value).
         """
-        started = time.perf_counter()
         groups = self.engine.generate([p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
@@ -90,7 +89,6 @@ class RolloutWorker:
             pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, self.policy_version)
             for i in range(num_slices)
         )
-        self.last_generate_seconds = time.perf_counter() - started
         return slices[0] if num_slices == 1 else slices
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
