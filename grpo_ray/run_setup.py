@@ -41,7 +41,9 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     def read(files: tuple[str, ...]) -> tuple[list[Row], int]:
         rows, skipped = [], 0
         for spec in files:
-            file_rows, file_skipped = load_rows(spec, cfg.data.prompt_field, cfg.data.answer_field)
+            # Indices run on across files: a uid names one record of the whole list.
+            first_index = len(rows) + skipped
+            file_rows, file_skipped = load_rows(spec, cfg.data.prompt_field, cfg.data.answer_field, first_index)
             rows.extend(file_rows)
             skipped += file_skipped
         return with_instruction(rows, cfg.data.instruction), skipped

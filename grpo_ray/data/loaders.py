@@ -24,6 +24,10 @@ class Row:
     prompt: str
     answer: str
     fields: dict[str, Any]
+    # Position of the record in its data files, counting unusable records too: the prompt uid that
+    # ledgers and checkpoints name, stable under filtering, so `grpo-ray polaris drop-easy` can
+    # map it back to the file.
+    index: int = 0
 
 
 def resolve_data_path(spec: str) -> str:
@@ -48,13 +52,19 @@ def check_data_path(spec: str, field: str) -> None:
         raise DataError(f"{field}: {spec} does not exist; give an existing jsonl/json/parquet/arrow file or a hub id")
 
 
-def load_rows(spec: str, prompt_field: str | None = None, answer_field: str | None = None) -> tuple[list[Row], int]:
-    """All usable rows of one file or hub dataset, and how many rows were skipped as unusable."""
+def load_rows(
+    spec: str, prompt_field: str | None = None, answer_field: str | None = None, first_index: int = 0
+) -> tuple[list[Row], int]:
+    """All usable rows of one file or hub dataset, and how many rows were skipped as unusable.
+
+    Row.index is `first_index` + the record's position in the file (pass the record count of the
+    files before it to number several files as one).
+    """
     records = _load_records(resolve_data_path(spec), spec)
     rows: list[Row] = []
     skipped = 0
-    for record in records:
-        row = _to_row(record, prompt_field, answer_field)
+    for position, record in enumerate(records):
+        row = _to_row(record, prompt_field, answer_field, first_index + position)
         if row is None:
             skipped += 1
         else:
@@ -66,6 +76,11 @@ def load_rows(spec: str, prompt_field: str | None = None, answer_field: str | No
         )
         raise DataError(f"{spec}: no usable rows ({skipped} skipped); rows need a non-empty {hint}")
     return rows, skipped
+
+
+def load_records(spec: str) -> list[dict[str, Any]]:
+    """The raw records of one file or hub dataset, in file order (what Row.index counts)."""
+    return _load_records(resolve_data_path(spec), spec)
 
 
 def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
@@ -91,10 +106,10 @@ def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
     return list(dataset)
 
 
-def _to_row(record: dict[str, Any], prompt_field: str | None, answer_field: str | None) -> Row | None:
+def _to_row(record: dict[str, Any], prompt_field: str | None, answer_field: str | None, index: int) -> Row | None:
     parsed = parse_row(record, prompt_field, answer_field)
     if parsed is None:
         return None
     # `datasets` gives every row every column of the file, None where the row has none.
     fields = {name: value for name, value in parsed.fields.items() if value is not None}
-    return Row(prompt=parsed.prompt, answer=parsed.answer, fields=fields)
+    return Row(prompt=parsed.prompt, answer=parsed.answer, fields=fields, index=index)

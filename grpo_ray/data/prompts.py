@@ -20,7 +20,7 @@ def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_c
     """Apply the chat template (one user message), tokenise, drop prompts over the limit."""
     prompts: list[Prompt] = []
     dropped = 0
-    for uid, row in enumerate(rows):
+    for row in rows:
         if apply_chat_template:
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": row.prompt}], add_generation_prompt=True, tokenize=True
@@ -33,7 +33,7 @@ def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_c
         if len(ids) > max_prompt_tokens:
             dropped += 1
             continue
-        prompts.append(Prompt(uid=uid, text=row.prompt, token_ids=tuple(int(t) for t in ids), answer=row.answer, fields=row.fields))
+        prompts.append(Prompt(uid=row.index, text=row.prompt, token_ids=tuple(int(t) for t in ids), answer=row.answer, fields=row.fields))
     return PromptSet(prompts=prompts, dropped_too_long=dropped)
 
 

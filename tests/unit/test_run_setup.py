@@ -37,3 +37,15 @@ def test_polaris_instruction_constant_and_empty_band_error(polaris_file):
     assert inputs.train_prompts[0].text.endswith(POLARIS_INSTRUCTION) and inputs.eval_prompts == []
     with pytest.raises(DataError, match=r"^data\.difficulty_band: \[0\.9, 0\.95\] removed all 40 rows"):
         prepare_inputs(cfg_for(polaris_file, difficulty_band=[0.9, 0.95]))
+
+
+def test_prompt_uid_is_the_record_index_across_files_and_survives_filters(polaris_file, tmp_path):
+    # A second file with an unusable record first: indices count it, and run on from the first file.
+    second = tmp_path / "more.jsonl"
+    second.write_text(json.dumps({"problem": "", "answer": "1"}) + "\n" + json.dumps({"problem": "9+9=", "answer": "18", "difficulty": "4/8"}))
+    cfg = config_from_dict({"model": {"path": "tiny"}, "data": {"train_files": [str(polaris_file), str(second)],
+                            "eval_files": [], "max_prompt_tokens": 64, "difficulty_band": [0.25, 0.75]}})
+    inputs = prepare_inputs(cfg)
+    by_uid = {p.uid: p for p in inputs.train_prompts}
+    assert by_uid[2].text == "2+2=" and by_uid[6].text == "6+6=" and 0 not in by_uid  # 0/8 is out of the band
+    assert by_uid[41].text == "9+9="  # 40 records in the first file, then the unusable one (40)
