@@ -1,23 +1,14 @@
-"""The recipe schema: YAML in, a typed, frozen `Config` out.
+"""The recipe schema: one pydantic section per YAML section, frozen, unknown keys refused.
 
 This module is the only home of defaults. Every field carries a comment saying what it does;
-`configs/*.yaml` repeat those comments for the user. Loading never raises anything but
-`ConfigError`, whose message is one line that names the field and what is allowed.
-
-    >>> cfg = load_config("configs/tiny.yaml", overrides=["train.steps=5"])
-    >>> plan_batches(cfg).completions_per_step
-    256
+`configs/*.yaml` repeat those comments for the user.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class ConfigError(ValueError):
@@ -27,11 +18,6 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     # Unknown keys are typos until proven otherwise; frozen so no layer mutates the recipe at run time.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Sections
-# ---------------------------------------------------------------------------------------------
 
 
 class LoraConfig(_Section):
@@ -293,202 +279,3 @@ class Config(_Section):
     @property
     def use_reference(self) -> bool:
         return self.algorithm.kl_coef > 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Derived values: computed once, checked once
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How one step's batch splits across actors. All counts are exact (validated divisibility)."""
-
-    prompts_per_step: int
-    completions_per_step: int
-    prompts_per_rollout_worker: int
-    sequences_per_learner_rank: int
-    micro_batch_size: int
-    grad_accum_steps: int
-
-
-def plan_batches(cfg: Config) -> BatchPlan:
-    """Batch arithmetic of a step; raises ConfigError naming the field that does not divide."""
-    prompts = cfg.train.prompts_per_step
-    completions = prompts * cfg.rollout.samples_per_prompt
-    rollout_workers = cfg.rollout.num_workers
-    learners = cfg.learner.num_workers
-    if prompts % rollout_workers:
-        raise ConfigError(
-            f"train.prompts_per_step: {prompts} prompts do not split evenly across "
-            f"rollout.num_workers={rollout_workers}; use a multiple of {rollout_workers}"
-        )
-    # Each rollout worker cuts its completions into one slice per learner rank, so a worker's
-    # completions must divide by the learner count.
-    per_worker_completions = completions // rollout_workers
-    if per_worker_completions % learners:
-        raise ConfigError(
-            f"learner.num_workers: {per_worker_completions} completions per rollout worker "
-            f"(train.prompts_per_step x rollout.samples_per_prompt / rollout.num_workers) do not "
-            f"split across {learners} learner ranks; choose sizes whose product divides"
-        )
-    per_rank = completions // learners
-    micro = min(cfg.learner.micro_batch_size, per_rank)
-    if per_rank % micro:
-        raise ConfigError(
-            f"learner.micro_batch_size: {per_rank} sequences per learner rank do not divide into "
-            f"micro-batches of {micro}; use a divisor of {per_rank}"
-        )
-    return BatchPlan(
-        prompts_per_step=prompts,
-        completions_per_step=completions,
-        prompts_per_rollout_worker=prompts // rollout_workers,
-        sequences_per_learner_rank=per_rank,
-        micro_batch_size=micro,
-        grad_accum_steps=per_rank // micro,
-    )
-
-
-@dataclass(frozen=True)
-class RoleResources:
-    role: str
-    count: int
-    num_cpus: float
-    num_gpus: float
-
-
-def plan_resources(cfg: Config) -> list[RoleResources]:
-    """One entry per role that will be started, in start order."""
-    roles = [
-        RoleResources("learner", cfg.learner.num_workers, cfg.learner.num_cpus, cfg.learner.num_gpus),
-        RoleResources("rollout", cfg.rollout.num_workers, cfg.rollout.num_cpus, cfg.rollout.num_gpus),
-        RoleResources("reward", cfg.reward.num_workers, cfg.reward.num_cpus, 0.0),
-    ]
-    if cfg.use_reference:
-        roles.append(RoleResources("reference", 1, cfg.reference.num_cpus, cfg.reference.num_gpus))
-    if cfg.reward.model.path is not None:
-        m = cfg.reward.model
-        roles.append(RoleResources("reward_model", 1, m.num_cpus, m.num_gpus))
-    return roles
-
-
-def check_config(cfg: Config) -> None:
-    """Cross-field checks that no single field can make; raises ConfigError."""
-    plan_batches(cfg)
-    if not cfg.reward.functions and cfg.reward.model.path is None:
-        raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
-    if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
-        raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
-    a = cfg.algorithm
-    if a.overlong == "soft_penalty" and not 0 < a.overlong_buffer <= cfg.rollout.max_new_tokens:
-        raise ConfigError(
-            f"algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= rollout.max_new_tokens "
-            f"({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
-        )
-    if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
-        raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
-
-
-# ---------------------------------------------------------------------------------------------
-# Loading
-# ---------------------------------------------------------------------------------------------
-
-
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML recipe, apply `dotted.key=value` overrides, validate; ConfigError on any problem."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found; pass the path of a YAML recipe such as configs/tiny.yaml")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
-    for override in overrides:
-        _apply_override(raw, override)
-    return config_from_dict(raw)
-
-
-def config_from_dict(raw: dict[str, Any]) -> Config:
-    try:
-        cfg = Config.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
-    check_config(cfg)
-    return cfg
-
-
-def _apply_override(raw: dict[str, Any], override: str) -> None:
-    key, sep, value = override.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"--set {override!r}: expected dotted.key=value, e.g. --set train.steps=10")
-    parts = key.strip().split(".")
-    node = raw
-    for part in parts[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {part} is not a section")
-        node = child
-    # YAML parsing gives "10" -> 10, "true" -> True, "[a, b]" -> list, like the file itself.
-    try:
-        node[parts[-1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
-        node[parts[-1]] = value
-
-
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "config"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        parent = ".".join(str(p) for p in first["loc"][:-1])
-        allowed = _allowed_keys(first["loc"][:-1])
-        message = f"unknown key{' in ' + parent if parent else ''}; allowed: {', '.join(allowed)}"
-    elif "input" in first and first["type"] != "missing":
-        message = f"{message} (got {first['input']!r})"
-    more = len(err.errors()) - 1
-    return f"{field}: {message}" + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
-
-
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
-    model: Any = Config
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        annotation = model.model_fields[part].annotation
-        # tuple[RewardFunctionConfig, ...] -> RewardFunctionConfig
-        args = getattr(annotation, "__args__", None)
-        model = args[0] if args else annotation
-    return sorted(model.model_fields)
-
-
-def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain, YAML-safe dict of the resolved config (enums as their values)."""
-    return cfg.model_dump(mode="json")
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}; used for MLflow params and printing."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def describe_resources(roles: list[RoleResources]) -> list[str]:
-    lines = []
-    for role in roles:
-        total_cpus = role.count * role.num_cpus
-        gpu = f", {role.count * role.num_gpus:g} GPU" if role.num_gpus else ""
-        lines.append(f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all)")
-    total_cpu = math.fsum(r.count * r.num_cpus for r in roles)
-    total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
-    lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")
-    return lines

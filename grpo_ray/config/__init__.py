@@ -1,0 +1,36 @@
+"""The recipe: YAML in, a typed, frozen `Config` out, and the plans derived from it.
+
+Loading never raises anything but `ConfigError`, whose message is one line that names the field
+and what is allowed.
+
+    >>> cfg = load_config("configs/tiny.yaml", overrides=["train.steps=5"])
+    >>> plan_batches(cfg).completions_per_step
+    256
+"""
+
+from grpo_ray.config.loading import config_from_dict, config_to_dict, flatten, load_config
+from grpo_ray.config.plans import (
+    BatchPlan,
+    RoleResources,
+    check_config,
+    describe_resources,
+    plan_batches,
+    plan_resources,
+)
+from grpo_ray.config.schema import *  # noqa: F403 - every section class is part of the API
+from grpo_ray.config.schema import Config, ConfigError
+
+__all__ = [
+    "BatchPlan",
+    "Config",
+    "ConfigError",
+    "RoleResources",
+    "check_config",
+    "config_from_dict",
+    "config_to_dict",
+    "describe_resources",
+    "flatten",
+    "load_config",
+    "plan_batches",
+    "plan_resources",
+]

@@ -1,0 +1,100 @@
+"""Loading recipes: YAML and `--set` overrides in, a checked `Config` out, or one `ConfigError` line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grpo_ray.config.plans import check_config
+from grpo_ray.config.schema import Config, ConfigError
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML recipe, apply `dotted.key=value` overrides, validate; ConfigError on any problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found; pass the path of a YAML recipe such as configs/tiny.yaml")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    for override in overrides:
+        _apply_override(raw, override)
+    return config_from_dict(raw)
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    try:
+        cfg = Config.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_one_line(err)) from None
+    check_config(cfg)
+    return cfg
+
+
+def _apply_override(raw: dict[str, Any], override: str) -> None:
+    key, sep, value = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {override!r}: expected dotted.key=value, e.g. --set train.steps=10")
+    parts = key.strip().split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part} is not a section")
+        node = child
+    # YAML parsing gives "10" -> 10, "true" -> True, "[a, b]" -> list, like the file itself.
+    try:
+        node[parts[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def _one_line(err: ValidationError) -> str:
+    first = err.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "config"
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        parent = ".".join(str(p) for p in first["loc"][:-1])
+        allowed = _allowed_keys(first["loc"][:-1])
+        message = f"unknown key{' in ' + parent if parent else ''}; allowed: {', '.join(allowed)}"
+    elif "input" in first and first["type"] != "missing":
+        message = f"{message} (got {first['input']!r})"
+    more = len(err.errors()) - 1
+    return f"{field}: {message}" + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        # tuple[RewardFunctionConfig, ...] -> RewardFunctionConfig
+        args = getattr(annotation, "__args__", None)
+        model = args[0] if args else annotation
+    return sorted(model.model_fields)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain, YAML-safe dict of the resolved config (enums as their values)."""
+    return cfg.model_dump(mode="json")
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; used for MLflow params and printing."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,109 @@
+"""Values derived from a recipe, computed once and checked once: batch split, roles, stages."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from grpo_ray.config.schema import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one step's batch splits across actors. All counts are exact (validated divisibility)."""
+
+    prompts_per_step: int
+    completions_per_step: int
+    prompts_per_rollout_worker: int
+    sequences_per_learner_rank: int
+    micro_batch_size: int
+    grad_accum_steps: int
+
+
+def plan_batches(cfg: Config) -> BatchPlan:
+    """Batch arithmetic of a step; raises ConfigError naming the field that does not divide."""
+    prompts = cfg.train.prompts_per_step
+    completions = prompts * cfg.rollout.samples_per_prompt
+    rollout_workers = cfg.rollout.num_workers
+    learners = cfg.learner.num_workers
+    if prompts % rollout_workers:
+        raise ConfigError(
+            f"train.prompts_per_step: {prompts} prompts do not split evenly across "
+            f"rollout.num_workers={rollout_workers}; use a multiple of {rollout_workers}"
+        )
+    # Each rollout worker cuts its completions into one slice per learner rank, so a worker's
+    # completions must divide by the learner count.
+    per_worker_completions = completions // rollout_workers
+    if per_worker_completions % learners:
+        raise ConfigError(
+            f"learner.num_workers: {per_worker_completions} completions per rollout worker "
+            f"(train.prompts_per_step x rollout.samples_per_prompt / rollout.num_workers) do not "
+            f"split across {learners} learner ranks; choose sizes whose product divides"
+        )
+    per_rank = completions // learners
+    micro = min(cfg.learner.micro_batch_size, per_rank)
+    if per_rank % micro:
+        raise ConfigError(
+            f"learner.micro_batch_size: {per_rank} sequences per learner rank do not divide into "
+            f"micro-batches of {micro}; use a divisor of {per_rank}"
+        )
+    return BatchPlan(
+        prompts_per_step=prompts,
+        completions_per_step=completions,
+        prompts_per_rollout_worker=prompts // rollout_workers,
+        sequences_per_learner_rank=per_rank,
+        micro_batch_size=micro,
+        grad_accum_steps=per_rank // micro,
+    )
+
+
+@dataclass(frozen=True)
+class RoleResources:
+    role: str
+    count: int
+    num_cpus: float
+    num_gpus: float
+
+
+def plan_resources(cfg: Config) -> list[RoleResources]:
+    """One entry per role that will be started, in start order."""
+    roles = [
+        RoleResources("learner", cfg.learner.num_workers, cfg.learner.num_cpus, cfg.learner.num_gpus),
+        RoleResources("rollout", cfg.rollout.num_workers, cfg.rollout.num_cpus, cfg.rollout.num_gpus),
+        RoleResources("reward", cfg.reward.num_workers, cfg.reward.num_cpus, 0.0),
+    ]
+    if cfg.use_reference:
+        roles.append(RoleResources("reference", 1, cfg.reference.num_cpus, cfg.reference.num_gpus))
+    if cfg.reward.model.path is not None:
+        m = cfg.reward.model
+        roles.append(RoleResources("reward_model", 1, m.num_cpus, m.num_gpus))
+    return roles
+
+
+def check_config(cfg: Config) -> None:
+    """Cross-field checks that no single field can make; raises ConfigError."""
+    plan_batches(cfg)
+    if not cfg.reward.functions and cfg.reward.model.path is None:
+        raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
+    if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
+        raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
+    a = cfg.algorithm
+    if a.overlong == "soft_penalty" and not 0 < a.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= rollout.max_new_tokens "
+            f"({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
+        )
+    if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
+        raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
+
+
+def describe_resources(roles: list[RoleResources]) -> list[str]:
+    lines = []
+    for role in roles:
+        total_cpus = role.count * role.num_cpus
+        gpu = f", {role.count * role.num_gpus:g} GPU" if role.num_gpus else ""
+        lines.append(f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all)")
+    total_cpu = math.fsum(r.count * r.num_cpus for r in roles)
+    total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
+    lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")
+    return lines
