@@ -4,6 +4,8 @@
     grpo-ray train configs/tiny.yaml --set train.steps=20 --set output_dir=runs/try
     grpo-ray rewards score --config configs/tiny.yaml --data answers.jsonl --output scored.jsonl
     grpo-ray eval --model tiny --data tiny:heldout --temperature 0 --max-tokens 4 --reward exact_match
+    grpo-ray sweep-temperature --model tiny --data tiny:heldout --temperatures 0.6,1.0,1.4 --n 8
+    grpo-ray polaris drop-easy --ledger ledger.jsonl --data train.parquet --output stage2.jsonl
 
 Every user-facing error ends the command with one line naming the field or file and what to do,
 and exit code 1 (130 on Ctrl-C); a local Ray started here is stopped in every case.
@@ -40,11 +42,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.cluster.actors import ClusterError
     from grpo_ray.cluster.weights import WeightSyncError
     from grpo_ray.data.loaders import DataError
-    from grpo_ray.driver import RewardFailureError
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
+    from grpo_ray.step_batch import RunStoppedError
 
-    return (ConfigError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError, RewardFailureError)
+    return (ConfigError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError, RunStoppedError)
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -171,6 +173,54 @@ def eval_command(**options) -> None:
         click.echo(line)
     click.echo(f"samples: {report.samples_file}")
     click.echo(f"MLflow run {report.run_id}: {report.tracking_uri}")
+
+
+@main.command("sweep-temperature")
+@click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
+@click.option("--data", "data", required=True, multiple=True, help="Prompt file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.")
+@click.option("--temperatures", required=True, help="Comma-separated temperatures > 0, e.g. 0.6,1.0,1.4.")
+@click.option("--n", "n", default=8, show_default=True, type=int, help="Samples per prompt at each temperature.")
+@click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
+@click.option("--top-p", default=1.0, show_default=True, type=float)
+@click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
+@click.option("--reward", default="math", show_default=True, help="Reward spec: a built-in name, module:function or file.py:function.")
+@click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file.")
+@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--output-dir", default="runs/sweep-temperature", show_default=True, type=click.Path(file_okay=False))
+@click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir.")
+@one_line_errors
+def sweep_temperature_command(temperatures: str, **options) -> None:
+    """Report accuracy (avg@n) and diversity at each temperature, to pick the rollout temperature (POLARIS)."""
+    from grpo_ray.evaluate import EvalSettings
+    from grpo_ray.temperature_sweep import parse_temperatures, sweep_temperatures
+
+    chosen = parse_temperatures(temperatures)
+    settings = EvalSettings(temperature=chosen[0], experiment="grpo-ray-sweep-temperature", **options)
+    report = sweep_temperatures(settings, chosen, log=click.echo)
+    for line in report.table_lines():
+        click.echo(line)
+    click.echo(f"sweep: {report.sweep_file}")
+    click.echo(f"MLflow run {report.run_id}: {report.tracking_uri}")
+
+
+@main.group()
+def polaris() -> None:
+    """POLARIS recipe steps between training stages."""
+
+
+@polaris.command("drop-easy")
+@click.option("--ledger", required=True, help="Prompt ledger the training run saved (JSON lines uid, sum, count).")
+@click.option("--data", "data", required=True, multiple=True, help="The run's data.train_files, in the same order; repeatable.")
+@click.option("--output", required=True, type=click.Path(dir_okay=False), help="Write the records kept here (JSON lines).")
+@click.option("--threshold", default=0.9, show_default=True, type=float, help="Drop prompts whose average reward is above this.")
+@one_line_errors
+def polaris_drop_easy(ledger: str, data: tuple[str, ...], output: str, threshold: float) -> None:
+    """Write the training records whose average reward was not above --threshold: the next stage's data."""
+    from grpo_ray.drop_easy import drop_easy_records
+
+    report = drop_easy_records(ledger, data, output, threshold)
+    click.echo(report.summary_line(threshold))
 
 
 if __name__ == "__main__":

@@ -236,6 +236,32 @@ def loaded_rope(engine) -> dict[str, Any] | None:
 # ---- the run -----------------------------------------------------------------------------------
 
 
+def check_inputs(settings: EvalSettings) -> None:
+    """Everything that can be checked in a second, checked before the model loads."""
+    check_model_path(settings.model, "--model")
+    for spec in settings.data:
+        check_data_path(spec, "--data")
+    load_reward_function(settings.reward)  # a bad spec fails here, with the registry's message
+
+
+def open_tracker(settings: EvalSettings) -> MlflowTracker:
+    """A new MLflow run in settings.experiment; by default a sqlite store under output_dir."""
+    output_dir = Path(settings.output_dir)
+    return MlflowTracker(
+        settings.tracking_uri or default_tracking_uri(output_dir),
+        settings.experiment,
+        None,
+        artifact_root=output_dir / "mlartifacts" if settings.tracking_uri is None else None,
+    )
+
+
+def settings_params(settings: EvalSettings) -> dict[str, Any]:
+    """The MLflow params of a run: the settings that shape its numbers, and the files as a list."""
+    params = {k: v for k, v in asdict(settings).items() if k not in ("data", "output_dir", "tracking_uri", "experiment")}
+    params["files"] = list(settings.data)
+    return params
+
+
 def read_prompts(settings: EvalSettings, tokenizer, log: Callable[[str], None]) -> list[EvalPrompt]:
     prompts: list[EvalPrompt] = []
     for spec in settings.data:
@@ -293,23 +319,13 @@ def write_samples(path: Path, prompts: list[EvalPrompt], completions, scores) ->
 
 def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> EvalReport:
     """Sample, score, write samples.jsonl, log one MLflow run; see the module docstring."""
-    # Everything that can be checked in a second is checked before the model loads.
-    check_model_path(settings.model, "--model")
-    for spec in settings.data:
-        check_data_path(spec, "--data")
-    load_reward_function(settings.reward)  # a bad spec fails here, with the registry's message
+    check_inputs(settings)
     timings: dict[str, float] = {}
     tokenizer = load_tokenizer(settings.model)
     prompts = read_prompts(settings, tokenizer, log)
     output_dir = Path(settings.output_dir)
-    tracker = MlflowTracker(
-        settings.tracking_uri or default_tracking_uri(output_dir),
-        settings.experiment,
-        None,
-        artifact_root=output_dir / "mlartifacts" if settings.tracking_uri is None else None,
-    )
-    params = {k: v for k, v in asdict(settings).items() if k not in ("data", "output_dir", "tracking_uri", "experiment")}
-    params["files"] = list(settings.data)
+    tracker = open_tracker(settings)
+    params = settings_params(settings)
     tracker.log_config(params, {**params, "output_dir": settings.output_dir})
     status = "FAILED"
     try:

@@ -23,6 +23,7 @@ class RunInputs:
     train_prompts: list[Prompt]
     eval_prompts: list[Prompt]
     probe: Probe
+    pad_id: int  # the tokenizer's padding id (assembled slices are padded with it)
     skipped_rows: int  # rows without a usable prompt or answer
     dropped_too_long: int  # prompts over data.max_prompt_tokens
     dropped_by_difficulty: int  # training rows outside data.difficulty_band
@@ -69,6 +70,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
         train_prompts=train,
         eval_prompts=evaluation,
         probe=make_probe(train[0], tokenizer),
+        pad_id=int(tokenizer.pad_token_id),  # load_tokenizer sets one when the model has none
         skipped_rows=skipped + eval_skipped,
         dropped_too_long=dropped + eval_dropped,
         dropped_by_difficulty=out_of_band,

@@ -50,6 +50,7 @@ class MlflowTracker:
             tags["mlflow.source.git.commit"] = commit
         self.run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
         self.run_id = self.run.info.run_id
+        self.stage_run_id: str | None = None  # the open stage's nested run, if any
 
     def log_config(self, flat_params: dict[str, Any], config_dict: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -64,14 +65,37 @@ class MlflowTracker:
             self.client.set_tag(self.run_id, key, value)
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        """Into the training run, and into the open stage's run too (each curve complete in both)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         batch = [Metric(key, float(value), now, step) for key, value in metrics.items() if math.isfinite(value)]
-        for start in range(0, len(batch), 1000):
-            self.client.log_batch(self.run_id, metrics=batch[start : start + 1000])
+        for run_id in filter(None, (self.run_id, self.stage_run_id)):
+            for start in range(0, len(batch), 1000):
+                self.client.log_batch(run_id, metrics=batch[start : start + 1000])
+
+    def start_stage(self, name: str, params: dict[str, Any]) -> str:
+        """Open a run nested under the training run (MLflow's parent tag) for one training stage."""
+        self.end_stage("FINISHED")
+        from mlflow.entities import Param
+
+        tags = {"mlflow.parentRunId": self.run_id, "grpo_ray.stage": name}
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        self.stage_run_id = run.info.run_id
+        self.client.log_batch(self.stage_run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
+        return self.stage_run_id
+
+    def log_stage_artifact(self, path: Path) -> None:
+        if self.stage_run_id is not None:
+            self.client.log_artifact(self.stage_run_id, str(path))
+
+    def end_stage(self, status: str) -> None:
+        if self.stage_run_id is not None:
+            self.client.set_terminated(self.stage_run_id, status=status)
+            self.stage_run_id = None
 
     def finish(self, status: str) -> None:
+        self.end_stage(status)
         self.client.set_terminated(self.run_id, status=status)
 
 

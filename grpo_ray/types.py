@@ -64,6 +64,7 @@ class RolloutSlice:
     finish_reasons: list[str]  # [N] "stop" | "length"
     row_fields: dict[str, list[object]]  # extra dataset fields, each a list of N values
     policy_version: int  # weights version the rollout engine sampled with
+    group_diversity: np.ndarray  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts)
 
     @property
     def num_rows(self) -> int:
@@ -90,6 +91,7 @@ class RolloutSlice:
             finish_reasons=pick(self.finish_reasons),
             row_fields={name: pick(values) for name, values in self.row_fields.items()},
             policy_version=self.policy_version,
+            group_diversity=self.group_diversity[rows],
         )
 
 
@@ -105,6 +107,7 @@ class ScoredSlice:
     first_errors: dict[str, str]  # name -> first error message seen in this slice
     completion_lengths: np.ndarray  # [N] int64
     truncated: np.ndarray  # [N] bool: finish_reason == "length"
+    group_diversity: np.ndarray  # [N] float64: copied from the RolloutSlice
 
     def with_function(self, name: str, scores: np.ndarray, weight: float) -> "ScoredSlice":
         """This slice with one more scorer's [N] scores (NaN = failed) added to the total."""
@@ -119,6 +122,7 @@ class ScoredSlice:
             first_errors=dict(self.first_errors) | ({name: "returned NaN"} if failed else {}),
             completion_lengths=self.completion_lengths,
             truncated=self.truncated,
+            group_diversity=self.group_diversity,
         )
 
     @staticmethod
@@ -139,6 +143,7 @@ class ScoredSlice:
             first_errors=first_errors,
             completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
             truncated=np.concatenate([p.truncated for p in parts]),
+            group_diversity=np.concatenate([p.group_diversity for p in parts]),
         )
 
 
@@ -156,6 +161,7 @@ class LearnerShard:
     global_tokens: float  # completion tokens in the whole step
     global_sequences: int  # completions in the whole step
     temperature: float  # sampling temperature: learner log-probs use logits / temperature
+    norm_length: float  # seq-mean-token-sum-norm's constant: the stage's max_new_tokens
 
 
 @dataclass(frozen=True)

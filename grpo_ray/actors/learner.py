@@ -52,7 +52,6 @@ class LearnerSettings:
     kl_estimator: str
     entropy_coef: float
     loss_aggregation: str
-    max_new_tokens: int  # the constant of seq-mean-token-sum-norm
     epochs_per_batch: int = 1
     dual_clip: float | None = None
     tis_cap: float | None = None
@@ -167,7 +166,7 @@ class LearnerWorker:
                     entropy_coef=s.entropy_coef,
                     is_weights=is_weights,
                     aggregation=s.loss_aggregation,
-                    norm_length=float(s.max_new_tokens),
+                    norm_length=shard.norm_length,
                     global_tokens=shard.global_tokens,
                     global_sequences=float(shard.global_sequences),
                 )
@@ -198,10 +197,17 @@ class LearnerWorker:
         return logprobs.float().numpy()
 
     def parameters_snapshot(self) -> dict[str, np.ndarray]:
-        """Full parameters by name (tests compare ranks and runs with it)."""
+        """Full parameters by name (tests compare ranks and runs with it). Collective under ZeRO-3."""
         params = dict(zip([spec.name for spec in weight_specs(self.module)], export_parameters(self.module)))
         with self._gathered(list(params.values())):
             return {name: p.detach().float().cpu().numpy().copy() for name, p in params.items()}
+
+    def policy_weights(self) -> dict[str, np.ndarray] | None:
+        """The policy as a plain model (LoRA merged), for the reference refresh: rank 0 returns it,
+        the others None. Every rank calls this (ZeRO-3 gathers are collective)."""
+        with torch.no_grad(), merged_lora(self.module):
+            snapshot = self.parameters_snapshot()
+        return snapshot if self.rank == 0 else None
 
     # -- weight broadcast ------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""ReferenceWorker: per-token log-probs of the frozen reference model, for the KL term.
+"""ReferenceWorker: log-probs of the reference model, for the KL term.
 
-Started only when algorithm.kl_coef > 0. The learner receives its output as an object reference
-next to the slice it belongs to.
+Started only when algorithm.kl_coef > 0. With the KL in the loss, the learner receives the
+per-token log-probs as an object reference next to the slice they belong to; with the KL in the
+reward, the driver receives one summed KL per completion. With reference.refresh_every, the
+driver copies the policy's weights in every N steps (`load_weights`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
+from grpo_ray.algo.kl import sequence_kl
+from grpo_ray.models.loading import load_causal_lm, load_named_weights, sequence_logprobs
 from grpo_ray.types import RolloutSlice
 
 
@@ -36,3 +39,14 @@ class ReferenceWorker:
             )
             parts.append(logprobs.numpy())
         return (np.concatenate(parts) * batch.completion_mask).astype(np.float32)
+
+    @torch.no_grad()
+    def sequence_kl(self, batch: RolloutSlice, temperature: float, estimator: str) -> np.ndarray:
+        """[N] float64 KL(rollout policy || reference) of each completion, summed over its tokens."""
+        ref = torch.from_numpy(self.logprobs(batch, temperature))
+        kl = sequence_kl(torch.from_numpy(batch.rollout_logprobs), ref, torch.from_numpy(batch.completion_mask), estimator)
+        return kl.double().numpy()
+
+    def load_weights(self, weights: dict[str, np.ndarray]) -> int:
+        """Replace the reference weights with the policy's (names as the learner exports them)."""
+        return load_named_weights(self.model, ((name, torch.from_numpy(array)) for name, array in weights.items()))

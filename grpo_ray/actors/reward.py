@@ -81,6 +81,7 @@ class RewardWorker:
             first_errors=first_errors,
             completion_lengths=rows.completion_lengths,
             truncated=np.array([r == "length" for r in rows.finish_reasons], dtype=bool),
+            group_diversity=rows.group_diversity,
         )
 
     def _raw_scores(self, rows: RolloutSlice) -> list[tuple[list[float | None], str | None]]:

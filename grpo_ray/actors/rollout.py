@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo_ray.algo.diversity import distinct_ngram_ratio
 from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
@@ -83,10 +84,12 @@ class RolloutWorker:
             for k, (prompt, completions) in enumerate(zip(prompts, groups))
             for completion in completions
         ]
+        # Measured here, where every group is whole: a slice may hold part of a group.
+        diversity = {group_offset + k: distinct_ngram_ratio([c.text for c in completions]) for k, completions in enumerate(groups)}
         per_slice = len(rows) // num_slices
         pad = self.tokenizer.pad_token_id
         slices = tuple(
-            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, self.policy_version)
+            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, self.policy_version, diversity)
             for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
@@ -116,8 +119,19 @@ class RolloutWorker:
         )
 
 
-def pack_slice(rows: list[tuple[int, Prompt, Completion]], pad_id: int, policy_version: int) -> RolloutSlice:
-    """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py."""
+def pack_slice(
+    rows: list[tuple[int, Prompt, Completion]], pad_id: int, policy_version: int,
+    diversity_by_group: dict[int, float] | None = None,
+) -> RolloutSlice:
+    """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py.
+
+    diversity_by_group: each group's distinct-4-gram ratio; None: measured on the rows given.
+    """
+    if diversity_by_group is None:
+        texts: dict[int, list[str]] = {}
+        for group, _, completion in rows:
+            texts.setdefault(group, []).append(completion.text)
+        diversity_by_group = {group: distinct_ngram_ratio(group_texts) for group, group_texts in texts.items()}
     width = max(len(p.token_ids) + len(c.token_ids) for _, p, c in rows)
     n = len(rows)
     input_ids = np.full((n, width), pad_id, dtype=np.int64)
@@ -145,4 +159,5 @@ def pack_slice(rows: list[tuple[int, Prompt, Completion]], pad_id: int, policy_v
         finish_reasons=[c.finish_reason for _, _, c in rows],
         row_fields={name: [p.fields.get(name) for _, p, _ in rows] for name in field_names},
         policy_version=policy_version,
+        group_diversity=np.array([diversity_by_group[g] for g, _, _ in rows], dtype=np.float64),
     )

@@ -19,7 +19,7 @@ from grpo_ray.algo.aggregation import (
     mask_counts,
     masked_mean,
 )
-from grpo_ray.algo.kl import LOG_RATIO_CLAMP, KLEstimator, get_kl_estimator, kl_divergence
+from grpo_ray.algo.kl import LOG_RATIO_CLAMP, KLEstimator, get_kl_estimator, kl_divergence, sequence_kl
 from grpo_ray.algo.logits import entropy_from_logits, token_logprobs_from_logits
 from grpo_ray.algo.loss import (
     GRPOLossOutput,
@@ -48,6 +48,7 @@ __all__ = [
     "grpo_loss",
     "group_reward_stats",
     "kl_divergence",
+    "sequence_kl",
     "mask_counts",
     "masked_mean",
     "mismatch_stats",

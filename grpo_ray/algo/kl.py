@@ -86,3 +86,18 @@ def kl_divergence(
     if log_ratio_clamp is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
     return fn(log_ratio)
+
+
+def sequence_kl(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    estimator: KLEstimator | str = KLEstimator.K1,
+) -> Tensor:
+    """[N] per-sequence KL: the per-token estimate summed over the masked (generated) tokens.
+
+    The KL-in-reward placement: reward_i - beta * sequence_kl_i, computed from the log-probs the
+    rollout engine recorded (no gradient flows; the penalty is part of the reward). mask [N, T] is
+    1.0 on generated tokens; other positions do not count, whatever they hold.
+    """
+    return (kl_divergence(logprobs, ref_logprobs, estimator) * mask).sum(dim=1)

@@ -15,7 +15,7 @@ from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
 from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources
+from grpo_ray.config import BatchPlan, Config, RoleResources, longest_completion, plan_resources
 
 
 @dataclass
@@ -61,11 +61,11 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         torch_threads=lr.torch_threads,
         clip_low=a.clip_low,
         clip_high=a.clip_high,
-        kl_coef=a.kl_coef,
+        # With the KL placed in the reward, the loss has no KL term.
+        kl_coef=a.kl_coef if a.kl_placement == "loss" else 0.0,
         kl_estimator=a.kl_estimator,
         entropy_coef=a.entropy_coef,
         loss_aggregation=a.loss_aggregation,
-        max_new_tokens=cfg.rollout.max_new_tokens,
         epochs_per_batch=a.epochs_per_batch,
         dual_clip=a.dual_clip,
         tis_cap=a.tis_cap,
@@ -87,7 +87,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         dtype=cfg.model.dtype,
         seed=cfg.seed + index,
         torch_threads=r.torch_threads,
-        max_model_len=r.vllm.max_model_len or cfg.data.max_prompt_tokens + r.max_new_tokens,
+        max_model_len=r.vllm.max_model_len or cfg.data.max_prompt_tokens + longest_completion(cfg),
         vllm_enforce_eager=r.vllm.enforce_eager,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,

@@ -12,10 +12,15 @@ from grpo_ray.config.loading import config_from_dict, config_to_dict, flatten, l
 from grpo_ray.config.plans import (
     BatchPlan,
     RoleResources,
+    StagePlan,
     check_config,
     describe_resources,
+    edits_batches,
+    longest_completion,
     plan_batches,
     plan_resources,
+    plan_stages,
+    total_steps,
 )
 from grpo_ray.config.schema import *  # noqa: F403 - every section class is part of the API
 from grpo_ray.config.schema import Config, ConfigError
@@ -25,12 +30,17 @@ __all__ = [
     "Config",
     "ConfigError",
     "RoleResources",
+    "StagePlan",
     "check_config",
     "config_from_dict",
     "config_to_dict",
     "describe_resources",
+    "edits_batches",
     "flatten",
     "load_config",
+    "longest_completion",
     "plan_batches",
     "plan_resources",
+    "plan_stages",
+    "total_steps",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from grpo_ray.config.schema import Config, ConfigError
+from grpo_ray.config.schema import Config, ConfigError, StageConfig
 
 
 @dataclass(frozen=True)
@@ -80,19 +80,79 @@ def plan_resources(cfg: Config) -> list[RoleResources]:
     return roles
 
 
+@dataclass(frozen=True)
+class StagePlan:
+    """One training stage with every setting resolved (a stage's nulls filled from the recipe)."""
+
+    name: str
+    steps: int
+    first_step: int  # global step number of the stage's first step (steps count from 1)
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    eval_temperature: float
+
+    @property
+    def last_step(self) -> int:
+        return self.first_step + self.steps - 1
+
+
+def plan_stages(cfg: Config) -> list[StagePlan]:
+    """The stages in order; a recipe without `stages` is one stage named "train" of train.steps."""
+    r = cfg.rollout
+    stages = cfg.stages or (StageConfig(name="train", steps=cfg.train.steps),)
+    plans, first = [], 1
+    for stage in stages:
+        plans.append(
+            StagePlan(
+                name=stage.name,
+                steps=stage.steps,
+                first_step=first,
+                max_new_tokens=stage.max_new_tokens or r.max_new_tokens,
+                temperature=stage.temperature or r.temperature,
+                top_p=stage.top_p or r.top_p,
+                eval_temperature=cfg.train.eval_temperature if stage.eval_temperature is None else stage.eval_temperature,
+            )
+        )
+        first += stage.steps
+    return plans
+
+
+def total_steps(cfg: Config) -> int:
+    return sum(stage.steps for stage in plan_stages(cfg))
+
+
+def longest_completion(cfg: Config) -> int:
+    """The largest max_new_tokens of any stage: what the rollout engines must be able to hold."""
+    return max(stage.max_new_tokens for stage in plan_stages(cfg))
+
+
+def edits_batches(cfg: Config) -> bool:
+    """True when rows of a step's batch may be dropped, copied or replaced after scoring."""
+    return cfg.polaris.substitution or cfg.polaris.rescue or cfg.algorithm.dynamic_sampling
+
+
 def check_config(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)
+    _check_stages(cfg)
     if not cfg.reward.functions and cfg.reward.model.path is None:
         raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
     if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
         raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
     a = cfg.algorithm
-    if a.overlong == "soft_penalty" and not 0 < a.overlong_buffer <= cfg.rollout.max_new_tokens:
+    shortest = min(stage.max_new_tokens for stage in plan_stages(cfg))
+    if a.overlong == "soft_penalty" and not 0 < a.overlong_buffer <= shortest:
         raise ConfigError(
-            f"algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= rollout.max_new_tokens "
-            f"({cfg.rollout.max_new_tokens}), got {a.overlong_buffer}"
+            f"algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= max_new_tokens of every stage "
+            f"({shortest}), got {a.overlong_buffer}"
         )
+    if a.dynamic_sampling and cfg.polaris.substitution:
+        raise ConfigError(
+            "algorithm.dynamic_sampling: both it and polaris.substitution fill the batch with informative groups; enable one"
+        )
+    if cfg.reference.refresh_every and not cfg.use_reference:
+        raise ConfigError("reference.refresh_every: needs algorithm.kl_coef > 0 (no reference model runs without KL)")
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
 
@@ -107,3 +167,18 @@ def describe_resources(roles: list[RoleResources]) -> list[str]:
     total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
     lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")
     return lines
+
+
+def _check_stages(cfg: Config) -> None:
+    if cfg.stages and "steps" in cfg.train.model_fields_set:
+        raise ConfigError("train.steps: with stages, each stage sets its own steps; remove train.steps")
+    names = [stage.name for stage in cfg.stages]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"stages: names must be unique; got {', '.join(names)}")
+    for index, stage in enumerate(plan_stages(cfg)):
+        if cfg.train.eval_samples > 1 and stage.eval_temperature == 0:
+            where = f"stages.{index}.eval_temperature" if cfg.stages else "train.eval_temperature"
+            raise ConfigError(
+                f"{where}: greedy evaluation gives {cfg.train.eval_samples} identical samples (train.eval_samples); "
+                "set a temperature > 0 or eval_samples: 1"
+            )

@@ -87,7 +87,7 @@ class RolloutConfig(_Section):
     samples_per_prompt: int = Field(8, ge=1)
     # Longest completion in tokens.
     max_new_tokens: int = Field(256, ge=1)
-    # Sampling temperature (> 0; evaluation is greedy).
+    # Sampling temperature (> 0; evaluation uses train.eval_temperature).
     temperature: float = Field(1.0, gt=0)
     # Nucleus sampling mass; 1.0 disables it.
     top_p: float = Field(1.0, gt=0, le=1)
@@ -165,6 +165,9 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(0.0, ge=0)
     # KL estimator: k1, k2 or k3.
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    # Where the KL goes: "loss" (a term of the policy loss, per token) or "reward" (kl_coef times the
+    # completion's summed KL, rollout policy vs reference, subtracted from its reward before advantages).
+    kl_placement: Literal["loss", "reward"] = "loss"
     # Entropy bonus coefficient (entropy is logged either way).
     entropy_coef: float = Field(0.0, ge=0)
     # Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum-norm.
@@ -183,6 +186,12 @@ class AlgorithmConfig(_Section):
     overlong_buffer: int = Field(0, ge=0)
     # soft_penalty: the penalty at max_new_tokens.
     overlong_penalty: float = Field(1.0, ge=0)
+    # Dynamic sampling (DAPO): drop groups whose rewards are all equal (no signal) and refill the
+    # step from further prompts until it holds train.prompts_per_step groups.
+    dynamic_sampling: bool = False
+    # Dynamic sampling: generation batches per step at most; a step still short after them trains
+    # on the groups it has (the rest of the batch is out of the loss) and logs how many.
+    dynamic_sampling_max_tries: int = Field(4, ge=1)
 
 
 class ReferenceConfig(_Section):
@@ -190,6 +199,9 @@ class ReferenceConfig(_Section):
     num_cpus: float = Field(0.5, gt=0)
     # GPUs for the reference-model actor.
     num_gpus: float = Field(0.0, ge=0)
+    # Copy the policy's weights into the reference model every N steps; 0: the reference stays the
+    # initial model.
+    refresh_every: int = Field(0, ge=0)
 
 
 class LearnerConfig(_Section):
@@ -224,6 +236,44 @@ class TrainConfig(_Section):
     eval_every: int = Field(0, ge=0)
     # Save a checkpoint every N steps (and at the end); 0: only at the end.
     checkpoint_every: int = Field(0, ge=0)
+    # Stop with an error after this many batches in a row had nothing to learn from and were skipped
+    # (polaris.substitution found too few informative groups; dynamic sampling found none).
+    max_skipped_batches: int = Field(20, ge=1)
+    # Sampling temperature of evaluation; 0 is greedy. A stage's eval_temperature overrides it.
+    eval_temperature: float = Field(0.0, ge=0)
+    # Samples per evaluation prompt; accuracy is their mean (avg@k). Needs eval_temperature > 0 when > 1.
+    eval_samples: int = Field(1, ge=1)
+
+
+class StageConfig(_Section):
+    # Name of the stage: its MLflow run (nested under the training run) and its output folder.
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    # Optimizer steps in this stage.
+    steps: int = Field(ge=1)
+    # Longest completion in tokens; null: rollout.max_new_tokens.
+    max_new_tokens: int | None = Field(None, ge=1)
+    # Rollout sampling temperature; null: rollout.temperature.
+    temperature: float | None = Field(None, gt=0)
+    # Rollout nucleus mass; null: rollout.top_p.
+    top_p: float | None = Field(None, gt=0, le=1)
+    # Evaluation temperature; null: train.eval_temperature.
+    eval_temperature: float | None = Field(None, ge=0)
+
+
+class PolarisConfig(_Section):
+    # Intra-batch informative substitution: a group is informative when its mean reward is strictly
+    # between 0 and 1. With more than prompts_per_step // 3 informative groups, every other group is
+    # overwritten by a copy of a random informative one; otherwise the batch is skipped and the step
+    # counter does not advance.
+    substitution: bool = False
+    # Rollout rescue: keep each prompt's latest correct response; when all G samples of a prompt
+    # fail, one failed sample is replaced by the kept one.
+    rescue: bool = False
+    # A reward at or above this counts as correct (rescue).
+    correct_threshold: float = 1.0
+    # At the end of each stage but the last, drop the training prompts whose average reward in the
+    # per-prompt ledger is above this (POLARIS: 0.9); null: keep every prompt.
+    drop_easy_threshold: float | None = Field(None, ge=0, le=1)
 
 
 class WeightSyncConfig(_Section):
@@ -275,6 +325,10 @@ class Config(_Section):
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
+    polaris: PolarisConfig = PolarisConfig()
+    # Training stages run in order, each from the previous stage's weights; empty: one stage of
+    # train.steps with the rollout section's settings.
+    stages: tuple[StageConfig, ...] = ()
 
     @property
     def use_reference(self) -> bool:

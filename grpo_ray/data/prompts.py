@@ -52,6 +52,11 @@ class PromptStream:
         self.position = position
         self._order = self._epoch_order(epoch)
 
+    @property
+    def prompts(self) -> list[Prompt]:
+        """Every prompt the stream cycles through (in data order)."""
+        return list(self._prompts)
+
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self._seed, epoch]).permutation(len(self._prompts))
 

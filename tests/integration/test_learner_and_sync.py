@@ -15,7 +15,8 @@ from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import RoleResources, config_from_dict, plan_batches
 from grpo_ray.data.loaders import load_rows
 from grpo_ray.data.prompts import tokenize_prompts
-from grpo_ray.driver import _group_advantages
+from grpo_ray.batching import StepRows
+from grpo_ray.update import group_advantages
 from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.run_setup import make_probe
 from grpo_ray.types import LearnerShard, SamplingSettings
@@ -49,7 +50,7 @@ def step_batch():
     sampling = SamplingSettings(samples_per_prompt=SAMPLES, max_new_tokens=5, temperature=1.0, seed=1)
     batch = worker.generate(prompts, 0, sampling, 1)
     scored = RewardWorker([RewardFunctionSetting("exact_match", 1.0, {})]).score(batch)
-    advantages = _group_advantages(cfg, [scored], [scored.rewards], [np.ones(scored.rewards.shape)])[0]
+    advantages = group_advantages(cfg, StepRows.from_scored([scored], [scored.rewards], [np.ones(scored.rewards.shape)]))
     assert np.abs(advantages).sum() > 0, "the batch must carry a learning signal"
     return batch, scored, advantages, make_probe(prompts[0], tokenizer)
 
@@ -62,6 +63,7 @@ def shard_for(batch, advantages, rows, step=1):
         global_tokens=float(batch.completion_mask.sum()),
         global_sequences=int((batch.completion_lengths > 0).sum()),
         temperature=1.0,
+        norm_length=5.0,  # rollout.max_new_tokens above
     )
 
 

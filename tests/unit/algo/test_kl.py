@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from grpo_ray.algo import KLEstimator, kl_divergence
+from grpo_ray.algo import KLEstimator, kl_divergence, sequence_kl
 
 # x = logp - ref per token: +1, -1, 0
 LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5]])
@@ -73,3 +73,14 @@ def test_gradient_flows_to_logprobs():
 def test_unknown_estimator():
     with pytest.raises(ValueError, match="choose one of"):
         kl_divergence(LOGPROBS, REF_LOGPROBS, "k4")
+
+
+def test_sequence_kl_sums_the_masked_tokens_only():
+    logprobs = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -1.0, -3.0]])
+    ref = torch.tensor([[5.0, -2.0, -1.0], [-1.0, -3.0, -1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
+    # k1 = logp - ref: row 0 tokens 1, 2 -> 1 + (-1) = 0; row 1 token 1 -> 2 (tokens 0 and 2 masked).
+    assert_close(sequence_kl(logprobs, ref, mask, "k1"), torch.tensor([0.0, 2.0]))
+    # k3 = e^-x + x - 1: row 0: (e^-1 + 0) + (e + -2) ; row 1: e^-2 + 1.
+    expected = torch.tensor([math.exp(-1) + math.e - 2, math.exp(-2) + 1])
+    assert_close(sequence_kl(logprobs, ref, mask, "k3"), expected)

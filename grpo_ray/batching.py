@@ -1,0 +1,272 @@
+"""A step's training batch as rows of its rollout slices: chosen, copied or replaced, then re-cut.
+
+The driver decides which rows train on small per-row arrays (`StepRows`: rewards, group ids, where
+each row lives); the token arrays stay in the object store until `assemble_slice` builds each
+learner rank's slice from its plan (`SliceAssembly`), next to the data. Pure numpy: no Ray here.
+
+    rows = StepRows.from_scored(scored, rewards, row_weights)          # every generated row
+    rows = rows.select(kept)                                           # filters, substitution
+    rows = rows.with_replacement(row, kept_response)                   # rollout rescue
+    plans = rows.split(num_learner_ranks)                              # one SliceAssembly per rank
+    batch = assemble_slice(plans[rank], [slices[i] for i in plans[rank].sources_used])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from grpo_ray.types import RolloutSlice, ScoredSlice
+
+
+@dataclass(frozen=True)
+class KeptResponse:
+    """A completion kept for rollout rescue; plain lists so that checkpoints can hold it as JSON."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # sampler log-probs recorded when it was generated
+    text: str
+    finish_reason: str
+    reward: float  # the (shaped) total reward it earned
+    per_function: dict[str, float]
+
+
+def read_response(batch: RolloutSlice, row: int, reward: float, per_function: dict[str, float]) -> KeptResponse:
+    """Row `row`'s completion as a KeptResponse (token ids and log-probs cut out of the arrays)."""
+    generated = batch.completion_mask[row] > 0
+    return KeptResponse(
+        token_ids=[int(t) for t in batch.input_ids[row][generated]],
+        logprobs=[float(x) for x in batch.rollout_logprobs[row][generated]],
+        text=batch.completions[row],
+        finish_reason=batch.finish_reasons[row],
+        reward=float(reward),
+        per_function={name: float(value) for name, value in per_function.items()},
+    )
+
+
+@dataclass(frozen=True)
+class SliceAssembly:
+    """One learner rank's slice: output row k is row `rows[k]` of slice `sources[k]` (positions in
+    the step's list of slices), in group `group_ids[k]`, with its completion swapped for
+    `replacements[k]` where present."""
+
+    sources: np.ndarray  # [M] int64
+    rows: np.ndarray  # [M] int64
+    group_ids: np.ndarray  # [M] int64
+    replacements: dict[int, KeptResponse] = field(default_factory=dict)
+
+    @property
+    def sources_used(self) -> list[int]:
+        """The slice positions this plan reads, ascending: pass those slices to `assemble_slice`."""
+        return sorted(set(self.sources.tolist()))
+
+    def whole_slices(self, slice_rows: list[int]) -> list[int] | None:
+        """The source positions when this plan is exactly those slices, whole and in order, with
+        nothing replaced or regrouped (then the slices can go to the learner as they are); else None."""
+        if self.replacements:
+            return None
+        used = list(dict.fromkeys(self.sources.tolist()))
+        expected_sources = np.concatenate([np.full(slice_rows[s], s) for s in used])
+        expected_rows = np.concatenate([np.arange(slice_rows[s]) for s in used])
+        if expected_rows.shape != self.rows.shape:
+            return None
+        if np.array_equal(expected_sources, self.sources) and np.array_equal(expected_rows, self.rows):
+            return used
+        return None
+
+
+def assemble_slice(plan: SliceAssembly, slices: list[RolloutSlice], pad_id: int) -> RolloutSlice:
+    """Build the slice `plan` describes from the slices at `plan.sources_used` (in that order)."""
+    position = {source: i for i, source in enumerate(plan.sources_used)}
+    parts = []
+    for source in plan.sources_used:
+        picked = np.flatnonzero(plan.sources == source)
+        parts.append((picked, slices[position[source]].select(plan.rows[picked])))
+    order = np.argsort(np.concatenate([picked for picked, _ in parts]), kind="stable")
+    merged = _concat([part for _, part in parts], pad_id).select(order)
+    merged = replace(merged, group_ids=plan.group_ids.astype(np.int64))
+    for row, response in sorted(plan.replacements.items()):
+        merged = _with_completion(merged, row, response, pad_id)
+    return merged
+
+
+def _concat(parts: list[RolloutSlice], pad_id: int) -> RolloutSlice:
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.input_ids.shape[1] for p in parts)
+
+    def stacked(name: str, fill) -> np.ndarray:
+        arrays = [getattr(p, name) for p in parts]
+        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays])
+
+    def joined(name: str) -> list:
+        return [value for p in parts for value in getattr(p, name)]
+
+    return RolloutSlice(
+        group_ids=np.concatenate([p.group_ids for p in parts]),
+        prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
+        input_ids=stacked("input_ids", pad_id),
+        attention_mask=stacked("attention_mask", 0),
+        completion_mask=stacked("completion_mask", 0.0),
+        rollout_logprobs=stacked("rollout_logprobs", 0.0),
+        prompts=joined("prompts"),
+        completions=joined("completions"),
+        answers=joined("answers"),
+        finish_reasons=joined("finish_reasons"),
+        row_fields={name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
+                    for name in sorted({n for p in parts for n in p.row_fields})},
+        # The oldest weights any row was sampled with: staleness is never under-reported.
+        policy_version=min(p.policy_version for p in parts),
+        group_diversity=np.concatenate([p.group_diversity for p in parts]),
+    )
+
+
+def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_id: int) -> RolloutSlice:
+    """`batch` with row `row`'s completion replaced by `response` (its prompt kept)."""
+    prompt_length = int((batch.attention_mask[row] * (1 - batch.completion_mask[row])).sum())
+    length = prompt_length + len(response.token_ids)
+    width = max(batch.input_ids.shape[1], length)
+    grow = width - batch.input_ids.shape[1]
+    input_ids = np.pad(batch.input_ids, ((0, 0), (0, grow)), constant_values=pad_id)
+    attention = np.pad(batch.attention_mask, ((0, 0), (0, grow)))
+    completion_mask = np.pad(batch.completion_mask, ((0, 0), (0, grow)))
+    logprobs = np.pad(batch.rollout_logprobs, ((0, 0), (0, grow)))
+    input_ids[row, prompt_length:] = pad_id
+    input_ids[row, prompt_length:length] = response.token_ids
+    attention[row] = 0
+    attention[row, :length] = 1
+    completion_mask[row] = 0.0
+    completion_mask[row, prompt_length:length] = 1.0
+    logprobs[row] = 0.0
+    logprobs[row, prompt_length:length] = response.logprobs
+    swap = lambda values, new: [new if i == row else v for i, v in enumerate(values)]  # noqa: E731
+    return replace(
+        batch,
+        input_ids=input_ids,
+        attention_mask=attention,
+        completion_mask=completion_mask,
+        rollout_logprobs=logprobs,
+        completions=swap(batch.completions, response.text),
+        finish_reasons=swap(batch.finish_reasons, response.finish_reason),
+    )
+
+
+@dataclass(frozen=True)
+class StepRows:
+    """The small per-row arrays of a step's batch: where each row lives and what it scored.
+
+    Row i is row `rows[i]` of slice `sources[i]`. `rewards` are after the overlong treatment (what
+    the advantages see); `row_weights` 0 keeps a row out of the loss.
+    """
+
+    sources: np.ndarray  # [N] int64
+    rows: np.ndarray  # [N] int64
+    group_ids: np.ndarray  # [N] int64
+    prompt_uids: np.ndarray  # [N] int64
+    rewards: np.ndarray  # [N] float64, NaN = failed
+    per_function: dict[str, np.ndarray]  # name -> [N] float64
+    row_weights: np.ndarray  # [N] float32
+    completion_lengths: np.ndarray  # [N] int64
+    truncated: np.ndarray  # [N] bool
+    group_diversity: np.ndarray  # [N] float64
+    replacements: dict[int, KeptResponse] = field(default_factory=dict)  # row -> its new completion
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @staticmethod
+    def from_scored(
+        scored: list[ScoredSlice], rewards: list[np.ndarray], row_weights: list[np.ndarray], first_source: int = 0
+    ) -> StepRows:
+        """Every row of the scored slices, slice after slice; slice k is source first_source + k."""
+        return StepRows(
+            sources=np.concatenate([np.full(len(s.rewards), first_source + k, dtype=np.int64) for k, s in enumerate(scored)]),
+            rows=np.concatenate([np.arange(len(s.rewards), dtype=np.int64) for s in scored]),
+            group_ids=np.concatenate([s.group_ids for s in scored]).astype(np.int64),
+            prompt_uids=np.concatenate([s.prompt_uids for s in scored]).astype(np.int64),
+            rewards=np.concatenate(rewards).astype(np.float64),
+            per_function={name: np.concatenate([s.per_function[name] for s in scored]) for name in scored[0].per_function},
+            row_weights=np.concatenate(row_weights).astype(np.float32),
+            completion_lengths=np.concatenate([s.completion_lengths for s in scored]).astype(np.int64),
+            truncated=np.concatenate([s.truncated for s in scored]),
+            group_diversity=np.concatenate([s.group_diversity for s in scored]),
+        )
+
+    @staticmethod
+    def concat(parts: list[StepRows]) -> StepRows:
+        offsets = np.cumsum([0] + [len(p) for p in parts])
+        return StepRows(
+            sources=np.concatenate([p.sources for p in parts]),
+            rows=np.concatenate([p.rows for p in parts]),
+            group_ids=np.concatenate([p.group_ids for p in parts]),
+            prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
+            rewards=np.concatenate([p.rewards for p in parts]),
+            per_function={name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function},
+            row_weights=np.concatenate([p.row_weights for p in parts]),
+            completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
+            truncated=np.concatenate([p.truncated for p in parts]),
+            group_diversity=np.concatenate([p.group_diversity for p in parts]),
+            replacements={int(offset) + row: r for p, offset in zip(parts, offsets) for row, r in p.replacements.items()},
+        )
+
+    def select(self, index: np.ndarray) -> StepRows:
+        """Rows `index` (repeats allowed), in that order; a replaced row keeps its replacement."""
+        index = np.asarray(index, dtype=np.int64)
+        return StepRows(
+            sources=self.sources[index],
+            rows=self.rows[index],
+            group_ids=self.group_ids[index],
+            prompt_uids=self.prompt_uids[index],
+            rewards=self.rewards[index],
+            per_function={name: values[index] for name, values in self.per_function.items()},
+            row_weights=self.row_weights[index],
+            completion_lengths=self.completion_lengths[index],
+            truncated=self.truncated[index],
+            group_diversity=self.group_diversity[index],
+            replacements={new: self.replacements[int(old)] for new, old in enumerate(index) if int(old) in self.replacements},
+        )
+
+    def with_group_ids(self, group_ids: np.ndarray) -> StepRows:
+        return replace(self, group_ids=np.asarray(group_ids, dtype=np.int64))
+
+    def with_rewards(self, rewards: np.ndarray) -> StepRows:
+        return replace(self, rewards=np.asarray(rewards, dtype=np.float64))
+
+    def with_weights(self, row_weights: np.ndarray) -> StepRows:
+        return replace(self, row_weights=np.asarray(row_weights, dtype=np.float32))
+
+    def with_replacement(self, row: int, response: KeptResponse) -> StepRows:
+        """Row `row` now holds `response`: its reward, scores, length and truncation are the response's."""
+        def put(array: np.ndarray, value) -> np.ndarray:
+            out = array.copy()
+            out[row] = value
+            return out
+
+        return replace(
+            self,
+            rewards=put(self.rewards, response.reward),
+            per_function={name: put(values, response.per_function.get(name, np.nan)) for name, values in self.per_function.items()},
+            row_weights=put(self.row_weights, 1.0),
+            completion_lengths=put(self.completion_lengths, len(response.token_ids)),
+            truncated=put(self.truncated, response.finish_reason == "length"),
+            replacements={**self.replacements, int(row): response},
+        )
+
+    def split(self, parts: int) -> list[SliceAssembly]:
+        """Cut into `parts` contiguous, equal plans (one per learner rank); len must divide."""
+        if len(self) % parts:
+            raise ValueError(f"{len(self)} rows do not split into {parts} equal parts")
+        size = len(self) // parts
+        plans = []
+        for part in range(parts):
+            lo, hi = part * size, (part + 1) * size
+            plans.append(
+                SliceAssembly(
+                    sources=self.sources[lo:hi],
+                    rows=self.rows[lo:hi],
+                    group_ids=self.group_ids[lo:hi],
+                    replacements={row - lo: r for row, r in self.replacements.items() if lo <= row < hi},
+                )
+            )
+        return plans

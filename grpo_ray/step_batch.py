@@ -1,0 +1,243 @@
+"""One step's training batch: rollout and scoring, then the batch-level techniques of the recipe.
+
+    builder = BatchBuilder(cfg, workers, stream)
+    batch = builder.next_batch(sampling, step, timer)   # StepBatch; batch.train is None: skip the step
+
+In order, each a config switch:
+1. rollout + scoring of prompts_per_step prompts; with dynamic sampling (DAPO), more batches of
+   prompts until the step holds prompts_per_step groups with a reward spread, or the tries run out;
+2. rollout rescue (POLARIS): an all-failed group gets the prompt's kept correct response in place of
+   its first row;
+3. informative substitution (POLARIS): non-informative groups are overwritten by copies of
+   informative ones, or the batch is skipped.
+Every generated row, trained on or not, updates the per-prompt ledger and the rescue buffer.
+Decisions are made on the small arrays of `StepRows`; token arrays stay in the object store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import ray
+
+from grpo_ray.algo.filters import GroupAccumulator
+from grpo_ray.algo.overlong import shape_overlong_rewards
+from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, rescue_plan
+from grpo_ray.batching import KeptResponse, StepRows, read_response
+from grpo_ray.cluster.roles import Workers
+from grpo_ray.config import Config, plan_batches
+from grpo_ray.data.prompts import PromptStream
+from grpo_ray.rewards.monitor import FailureMonitor
+from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
+
+
+class RunStoppedError(RuntimeError):
+    """The run cannot usefully go on; the message is one line that says why and what to change."""
+
+
+class RewardFailureError(RunStoppedError):
+    """A reward function failed on too many completions; the message names it and its first error."""
+
+
+class NothingToLearnError(RunStoppedError):
+    """Too many batches in a row had no learning signal, or drop-easy left no training prompt."""
+
+
+@dataclass
+class StepBatch:
+    refs: list  # RolloutSlice refs of every generation batch of the step; StepRows.sources index them
+    slice_rows: list[int]  # rows of each of those slices
+    generated: StepRows  # every generated row: what the policy did (metrics, ledger)
+    train: StepRows | None  # the rows to train on, plans_batches' size exactly; None: skip the step
+    metrics: dict[str, float] = field(default_factory=dict)  # batch/* and polaris/* of this step
+
+
+class BatchBuilder:
+    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream):
+        self.cfg = cfg
+        self.workers = workers
+        self.stream = stream
+        self.plan = plan_batches(cfg)
+        self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
+        self.ledger = PromptLedger()
+        self.rescue = RescueBuffer()
+        self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
+        self.batches_drawn = 0  # generation batches so far: each samples with its own seed
+
+    def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
+        cfg = self.cfg
+        p = self.plan.prompts_per_step
+        refs: list = []
+        slice_rows: list[int] = []
+        generations: list[StepRows] = []
+        accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries)
+        while True:
+            # Group ids run on across tries, so groups of different tries never merge.
+            rows = self._generate(self.stream.take(p), sampling, group_offset=len(generations) * p,
+                                  first_source=len(refs), refs=refs, slice_rows=slice_rows, timer=timer)
+            generations.append(rows)
+            accumulator.add(len(generations) - 1, rows.rewards, rows.group_ids)
+            if not cfg.algorithm.dynamic_sampling or accumulator.done:
+                break
+        generated = StepRows.concat(generations)
+        metrics = {"batch/generation_tries": float(len(generations))}
+        train = generated if not cfg.algorithm.dynamic_sampling else self._dynamic_sample(generations, accumulator, metrics)
+
+        if train is not None and cfg.polaris.rescue:
+            train = self._rescue(train, metrics)
+        self.ledger.record(generated.prompt_uids, generated.rewards)
+        if cfg.polaris.rescue:
+            self._keep_correct(refs, generated)
+        if train is not None and cfg.polaris.substitution:
+            train = self._substitute(train, metrics)
+        metrics["polaris/ledger_prompts"] = float(len(self.ledger))
+        return StepBatch(refs, slice_rows, generated, train, metrics)
+
+    # -- rollout and scoring ---------------------------------------------------------------------
+
+    def _generate(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int,
+                  first_source: int, refs: list, slice_rows: list[int], timer) -> StepRows:
+        """Sample and score one batch of prompts; appends its slice refs to `refs`."""
+        workers = self.workers
+        sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
+        self.batches_drawn += 1
+        with timer("rollout"):
+            new_refs = rank_major(rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset))
+            ray.wait(new_refs, num_returns=len(new_refs), fetch_local=False)
+        rows_per_slice = len(prompts) * sampling.samples_per_prompt // len(new_refs)
+        with timer("reward"):
+            scored = score_slices(workers, self.cfg, new_refs, [rows_per_slice] * len(new_refs))
+            self.failures.record(*failure_counts(scored))
+            if (stop := self.failures.check()) is not None:
+                raise RewardFailureError(stop)
+        refs.extend(new_refs)
+        slice_rows.extend([rows_per_slice] * len(new_refs))
+        rewards, weights = shape_rewards(self.cfg, scored, sampling.max_new_tokens)
+        return StepRows.from_scored(scored, rewards, weights, first_source)
+
+    # -- dynamic sampling ------------------------------------------------------------------------
+
+    def _dynamic_sample(self, generations: list[StepRows], accumulator: GroupAccumulator, metrics) -> StepRows | None:
+        """The informative groups collected, padded to the batch size with rows out of the loss."""
+        offsets = np.cumsum([0] + [len(g) for g in generations])
+        kept = [offsets[key] + rows for key, rows in accumulator.take()]
+        index = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+        metrics["batch/dropped_groups"] = float(accumulator.dropped_groups)
+        metrics["batch/kept_groups"] = float(len(index) // self.cfg.rollout.samples_per_prompt)
+        if len(index) == 0:
+            return None
+        generated = StepRows.concat(generations)
+        short = self.plan.completions_per_step - len(index)
+        metrics["batch/padded_rows"] = float(short)
+        if short == 0:
+            return generated.select(index)
+        # DeepSpeed steps after a fixed number of micro-batches per rank, so the batch keeps its
+        # size: the missing rows are copies with weight 0 (no loss, not counted by the normalisers).
+        padding = generated.select(np.resize(index, short))
+        padding = padding.with_weights(np.zeros(short)).with_group_ids(np.full(short, -1))
+        return StepRows.concat([generated.select(index), padding])
+
+    # -- POLARIS ---------------------------------------------------------------------------------
+
+    def _rescue(self, train: StepRows, metrics) -> StepRows:
+        threshold = self.cfg.polaris.correct_threshold
+        # Rows out of the loss (padding, masked overlong) neither make a group all-failed nor get rescued.
+        rewards = np.where(train.row_weights > 0, train.rewards, np.nan)
+        plan = rescue_plan(rewards, train.group_ids, train.prompt_uids, self.rescue, threshold)
+        for row, uid in plan:
+            train = train.with_replacement(row, KeptResponse(**self.rescue.get(uid)))
+        metrics["polaris/rescued_groups"] = float(len(plan))
+        return train
+
+    def _keep_correct(self, refs: list, generated: StepRows) -> None:
+        """Record the latest correct response of every prompt that has one in this step."""
+        correct = np.flatnonzero(np.isfinite(generated.rewards) & (generated.rewards >= self.cfg.polaris.correct_threshold))
+        last_row_of_prompt = {int(generated.prompt_uids[i]): int(i) for i in correct}  # later rows win
+        by_source: dict[int, list[int]] = {}
+        for i in last_row_of_prompt.values():
+            by_source.setdefault(int(generated.sources[i]), []).append(i)
+        calls = []
+        for source, rows in by_source.items():
+            scores = [(float(generated.rewards[i]), {n: float(v[i]) for n, v in generated.per_function.items()}) for i in rows]
+            calls.append((rows, read_responses.remote(refs[source], [int(generated.rows[i]) for i in rows], scores)))
+        for rows, call in calls:
+            for i, response in zip(rows, ray.get(call)):
+                # Stored as a plain dict: the buffer goes into checkpoints as JSON.
+                self.rescue.record(int(generated.prompt_uids[i]), response.__dict__)
+
+    def _substitute(self, train: StepRows, metrics) -> StepRows | None:
+        result = informative_substitution(train.rewards, train.group_ids, self.plan.prompts_per_step, self.rng)
+        metrics["polaris/informative_groups"] = float(result.num_informative)
+        metrics["polaris/substituted_groups"] = float(result.num_substituted)
+        if result.skip_batch:
+            return None
+        return train.select(result.row_order).with_group_ids(result.new_group_ids)
+
+
+@ray.remote(num_cpus=0)
+def read_responses(batch, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:
+    """Cut the given rows' completions out of a slice, where the slice is (for the rescue buffer)."""
+    return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Rollout and reward calls
+# ---------------------------------------------------------------------------------------------
+
+
+def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0) -> list[list]:
+    """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs."""
+    per_worker = len(prompts) // len(rollouts)
+    refs = []
+    for i, worker in enumerate(rollouts):
+        share = prompts[i * per_worker : (i + 1) * per_worker]
+        out = worker.generate.options(num_returns=num_slices).remote(share, group_offset + i * per_worker, sampling, num_slices)
+        refs.append(out if num_slices > 1 else [out])
+    return refs
+
+
+def rank_major(per_worker: list[list]) -> list:
+    """Flatten [worker][rank] refs rank by rank: learner rank r's slices are then contiguous."""
+    return [per_worker[w][r] for r in range(len(per_worker[0])) for w in range(len(per_worker))]
+
+
+def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
+    scored = pool_scores(workers.rewards, slice_refs, rows)
+    if workers.reward_model is None:
+        return scored
+    model_scores = ray.get([workers.reward_model.score.remote(ref) for ref in slice_refs])
+    return [part.with_function("reward_model", values, cfg.reward.model.weight) for part, values in zip(scored, model_scores)]
+
+
+def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
+    k = len(rewards)
+    parts = []
+    for ref, n in zip(slice_refs, rows):
+        bounds = [n * j // k for j in range(k + 1)]
+        parts.append([rewards[j].score.remote(ref, bounds[j], bounds[j + 1]) for j in range(k) if bounds[j] < bounds[j + 1]])
+    return [ScoredSlice.concat(ray.get(per_slice)) for per_slice in parts]
+
+
+def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
+    failures: dict[str, int] = {}
+    first_errors: dict[str, str] = {}
+    for part in scored:
+        for name, count in part.failures.items():
+            failures[name] = failures.get(name, 0) + count
+        for name, error in part.first_errors.items():
+            first_errors.setdefault(name, error)
+    return failures, int(sum(len(s.rewards) for s in scored)), first_errors
+
+
+def shape_rewards(cfg: Config, scored: list[ScoredSlice], max_new_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
+    a = cfg.algorithm
+    shaped = [
+        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong,
+                               max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        for s in scored
+    ]
+    return [r for r, _ in shaped], [w for _, w in shaped]

@@ -1,0 +1,57 @@
+"""The numbers logged for one training step. Keys are "phase/name" (reward/mean, timing/rollout).
+
+Rewards, lengths and diversity describe everything the policy generated in the step (what it
+does), not only the rows that trained after filtering or substitution (what it learned from).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo_ray.batching import StepRows
+from grpo_ray.types import LearnerStats
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def _std(values: np.ndarray) -> float:
+    return float(np.nanstd(values)) if np.isfinite(values).any() else float("nan")
+
+
+def generation_metrics(rows: StepRows) -> dict[str, float]:
+    _, first_of_group = np.unique(rows.group_ids, return_index=True)
+    metrics = {
+        "reward/mean": _mean(rows.rewards),
+        "reward/std": _std(rows.rewards),
+        "reward/failed": float((~np.isfinite(rows.rewards)).sum()),
+        "response/length_mean": float(rows.completion_lengths.mean()),
+        "response/length_max": float(rows.completion_lengths.max()),
+        "response/truncated_fraction": float(rows.truncated.mean()),
+        # POLARIS watches this to pick and raise the sampling temperature: G samples collapsing
+        # onto one answer show up here first.
+        "diversity/distinct_4": float(rows.group_diversity[first_of_group].mean()),
+    }
+    for name, values in rows.per_function.items():
+        metrics[f"reward/{name}/mean"] = _mean(values)
+        metrics[f"reward/{name}/std"] = _std(values)
+        metrics[f"reward/{name}/failures"] = float((~np.isfinite(values)).sum())
+    return metrics
+
+
+def step_metrics(
+    generated: StepRows, stats: list[LearnerStats], synced, timings: dict[str, float], step_seconds: float
+) -> dict[str, float]:
+    metrics = generation_metrics(generated)
+    for name in stats[0].metrics:
+        metrics[name] = float(np.mean([s.metrics[name] for s in stats]))
+    metrics.update(timings)
+    metrics["timing/step"] = step_seconds
+    metrics["throughput/completion_tokens_per_s"] = float(generated.completion_lengths.sum()) / step_seconds
+    metrics["throughput/learner_tokens_per_s"] = sum(s.num_tokens for s in stats) / max(timings.get("timing/update", 0.0), 1e-9)
+    metrics["sync/seconds"] = synced.seconds
+    metrics["sync/gbytes_per_s"] = synced.num_bytes / max(synced.seconds, 1e-9) / 1e9
+    if synced.probe_max_abs_diff is not None:
+        metrics["sync/probe_max_abs_diff"] = synced.probe_max_abs_diff
+    return metrics

@@ -1,0 +1,99 @@
+"""From a step's training rows to one optimizer step on every learner rank.
+
+    payloads = learner_payloads(batch, num_ranks, pad_id)      # per rank: RolloutSlice refs
+    train = kl_reward_penalty(...)                             # only with algorithm.kl_placement: reward
+    advantages = group_advantages(cfg, train)
+    stats = run_update(cfg, workers, payloads, train, ...)
+
+Rank r trains on the r-th contiguous cut of the rows. When that cut is whole rollout slices, in
+order, the learner fetches them as they are; otherwise (rows were dropped, copied or replaced) a
+small task assembles the rank's slice next to the data first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+import torch
+
+from grpo_ray.algo import compute_advantages
+from grpo_ray.batching import SliceAssembly, StepRows, assemble_slice
+from grpo_ray.cluster.actors import ClusterError, error_line
+from grpo_ray.cluster.roles import Workers
+from grpo_ray.config import Config
+from grpo_ray.step_batch import StepBatch
+from grpo_ray.types import LearnerShard, LearnerStats
+
+
+@ray.remote(num_cpus=0)
+def assemble(plan: SliceAssembly, pad_id: int, *slices):
+    return assemble_slice(plan, list(slices), pad_id)
+
+
+def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[list[list], list[list[int]]]:
+    """(per rank: its RolloutSlice refs, per rank: the row count of each of those refs)."""
+    payloads, sizes = [], []
+    for plan in batch.train.split(num_ranks):
+        whole = plan.whole_slices(batch.slice_rows)
+        if whole is not None:
+            payloads.append([batch.refs[s] for s in whole])
+            sizes.append([batch.slice_rows[s] for s in whole])
+        else:
+            payloads.append([assemble.remote(plan, pad_id, *[batch.refs[s] for s in plan.sources_used])])
+            sizes.append([len(plan.rows)])
+    return payloads, sizes
+
+
+def kl_reward_penalty(cfg: Config, workers: Workers, payloads: list[list], train: StepRows, temperature: float) -> tuple[StepRows, float]:
+    """Rewards minus kl_coef x the completion's KL to the reference (rows out of the loss untouched);
+    also the mean KL of the rows in the loss."""
+    calls = [workers.reference.sequence_kl.remote(ref, temperature, cfg.algorithm.kl_estimator) for refs in payloads for ref in refs]
+    kl = np.concatenate(ray.get(calls))
+    in_loss = train.row_weights > 0
+    rewards = np.where(in_loss, train.rewards - cfg.algorithm.kl_coef * kl, train.rewards)
+    return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
+
+
+def group_advantages(cfg: Config, rows: StepRows) -> np.ndarray:
+    """[N] advantages. Failed rows (NaN) and rows out of the loss get 0 and stay out of group stats."""
+    valid = np.isfinite(rows.rewards) & (rows.row_weights > 0)
+    advantages = np.zeros(len(rows), dtype=np.float32)
+    if valid.any():
+        advantages[valid] = compute_advantages(
+            cfg.algorithm.advantage,
+            torch.from_numpy(rows.rewards[valid]).float(),
+            torch.from_numpy(rows.group_ids[valid]),
+            normalize_by_std=cfg.algorithm.normalize_by_std,
+        ).numpy()
+    return advantages
+
+
+def run_update(
+    workers: Workers, payloads: list[list], sizes: list[list[int]], train: StepRows, advantages: np.ndarray,
+    ref_refs: list[list] | None, step: int, temperature: float, norm_length: float,
+) -> list[LearnerStats]:
+    """One optimizer step on every rank; the loss normalisers count the whole step's loss rows."""
+    # Normalisers count what is in the loss: weighted tokens, and sequences that have any token
+    # (aggregation skips empty rows too).
+    global_tokens = float((train.completion_lengths * train.row_weights).sum())
+    global_sequences = int(((train.completion_lengths > 0) & (train.row_weights > 0)).sum())
+    bounds = np.cumsum([0] + [n for rank_sizes in sizes for n in rank_sizes])
+    cut = lambda values, k: values[bounds[k] : bounds[k + 1]]  # noqa: E731 - k-th payload's rows
+    calls, k = [], 0
+    for rank, learner in enumerate(workers.learners):
+        mine = range(k, k + len(payloads[rank]))
+        k += len(payloads[rank])
+        shard = LearnerShard(
+            step=step,
+            advantages=[cut(advantages, i) for i in mine],
+            row_weights=[cut(train.row_weights, i) for i in mine],
+            global_tokens=max(global_tokens, 1.0),
+            global_sequences=global_sequences,
+            temperature=temperature,
+            norm_length=norm_length,
+        )
+        calls.append(learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else [])))
+    try:
+        return ray.get(calls)
+    except ray.exceptions.RayError as err:
+        raise ClusterError(f"learner update failed at step {step}: {error_line(err)}") from None
