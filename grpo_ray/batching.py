@@ -63,7 +63,8 @@ class SliceAssembly:
 
     def whole_slices(self, slice_rows: list[int]) -> list[int] | None:
         """The source positions when this plan is exactly those slices, whole and in order, with
-        nothing replaced or regrouped (then the slices can go to the learner as they are); else None."""
+        nothing replaced (then the slices can go to the learner as they are); else None. Group ids
+        are not compared: learners never read them (advantages arrive computed)."""
         if self.replacements:
             return None
         used = list(dict.fromkeys(self.sources.tolist()))

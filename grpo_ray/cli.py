@@ -34,6 +34,7 @@ from grpo_ray.config import (  # noqa: E402
     load_config,
     plan_batches,
     plan_resources,
+    plan_stages,
 )
 
 
@@ -108,6 +109,17 @@ def validate(config: str, overrides: tuple[str, ...]) -> None:
     click.echo(f"sequences per learner rank     {plan.sequences_per_learner_rank}")
     click.echo(f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)")
     click.echo(f"reference model                {'yes' if cfg.use_reference else 'no (kl_coef = 0)'}")
+    click.echo("\n# stages")
+    for stage in plan_stages(cfg):
+        click.echo(
+            f"{stage.name:<12} steps {stage.first_step}-{stage.last_step}  max_new_tokens {stage.max_new_tokens}  "
+            f"temperature {stage.temperature:g}  top_p {stage.top_p:g}  eval temperature {stage.eval_temperature:g}"
+        )
+    switches = {
+        "dynamic sampling": cfg.algorithm.dynamic_sampling, "substitution": cfg.polaris.substitution,
+        "rescue": cfg.polaris.rescue, "drop-easy": cfg.polaris.drop_easy_threshold is not None,
+    }
+    click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
     click.echo("ok")
 
 

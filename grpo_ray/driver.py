@@ -139,10 +139,11 @@ def _loop(run: Run) -> TrainResult:
                 if skipped_in_a_row >= cfg.train.max_skipped_batches:
                     raise NothingToLearnError(_skip_message(cfg, skipped_in_a_row))
                 continue
+            metrics["batch/skipped_before"] = float(skipped_in_a_row)
             step, skipped_in_a_row = step + 1, 0
-            if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)
             run.tracker.log_metrics(step, metrics)
+            if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+                accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
             run.console.step(step, metrics)
             if cfg.reference.refresh_every and step % cfg.reference.refresh_every == 0:
                 _refresh_reference(run.workers)
@@ -170,8 +171,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     )
     # Rollout and scoring (more batches with dynamic sampling), then rescue and substitution.
     batch = run.builder.next_batch(sampling, timer)
-    if batch.train is None:
-        run.tracker.log_metrics(step, {**batch.metrics, "batch/skipped": 1.0})
+    if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
         return None
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)

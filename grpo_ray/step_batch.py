@@ -63,7 +63,7 @@ class BatchBuilder:
         self.ledger = PromptLedger()
         self.rescue = RescueBuffer()
         self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
-        self.batches_drawn = 0  # generation batches so far: each samples with its own seed
+        self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
 
     def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
         cfg = self.cfg
@@ -100,8 +100,8 @@ class BatchBuilder:
                   first_source: int, refs: list, slice_rows: list[int], timer) -> StepRows:
         """Sample and score one batch of prompts; appends its slice refs to `refs`."""
         workers = self.workers
-        sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         self.batches_drawn += 1
+        sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         with timer("rollout"):
             new_refs = rank_major(rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset))
             ray.wait(new_refs, num_returns=len(new_refs), fetch_local=False)

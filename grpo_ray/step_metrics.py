@@ -30,8 +30,8 @@ def generation_metrics(rows: StepRows) -> dict[str, float]:
         "response/length_max": float(rows.completion_lengths.max()),
         "response/truncated_fraction": float(rows.truncated.mean()),
         # POLARIS watches this to pick and raise the sampling temperature: G samples collapsing
-        # onto one answer show up here first.
-        "diversity/distinct_4": float(rows.group_diversity[first_of_group].mean()),
+        # onto one answer show up here first. Groups without a 4-gram (NaN) are left out.
+        "diversity/distinct_4": _mean(rows.group_diversity[first_of_group]),
     }
     for name, values in rows.per_function.items():
         metrics[f"reward/{name}/mean"] = _mean(values)

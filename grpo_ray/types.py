@@ -64,7 +64,7 @@ class RolloutSlice:
     finish_reasons: list[str]  # [N] "stop" | "length"
     row_fields: dict[str, list[object]]  # extra dataset fields, each a list of N values
     policy_version: int  # weights version the rollout engine sampled with
-    group_diversity: np.ndarray  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts)
+    group_diversity: np.ndarray  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts); NaN: no 4-gram
 
     @property
     def num_rows(self) -> int:

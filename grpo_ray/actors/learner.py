@@ -60,6 +60,7 @@ class LearnerSettings:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ()
+    gradient_checkpointing: bool = False
 
 
 class LearnerWorker:
@@ -93,6 +94,9 @@ class LearnerWorker:
         deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(s.seed)
         model = load_causal_lm(s.model_path, s.dtype)
+        if s.gradient_checkpointing:
+            # Non-reentrant: works with frozen inputs (LoRA) and gives the same gradients.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if s.lora_enabled:
             model = apply_lora(model, s.lora_rank, s.lora_alpha, s.lora_dropout, s.lora_target_modules)
         trainable = [p for p in model.parameters() if p.requires_grad]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_ray.algo.diversity import distinct_ngram_ratio
+from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
@@ -85,7 +85,7 @@ class RolloutWorker:
             for completion in completions
         ]
         # Measured here, where every group is whole: a slice may hold part of a group.
-        diversity = {group_offset + k: distinct_ngram_ratio([c.text for c in completions]) for k, completions in enumerate(groups)}
+        diversity = {group_offset + k: group_distinct_ratio([c.text for c in completions]) for k, completions in enumerate(groups)}
         per_slice = len(rows) // num_slices
         pad = self.tokenizer.pad_token_id
         slices = tuple(
@@ -125,13 +125,13 @@ def pack_slice(
 ) -> RolloutSlice:
     """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py.
 
-    diversity_by_group: each group's distinct-4-gram ratio; None: measured on the rows given.
+    diversity_by_group: each group's distinct-4-gram ratio (NaN: no 4-gram); None: measured on the rows given.
     """
     if diversity_by_group is None:
         texts: dict[int, list[str]] = {}
         for group, _, completion in rows:
             texts.setdefault(group, []).append(completion.text)
-        diversity_by_group = {group: distinct_ngram_ratio(group_texts) for group, group_texts in texts.items()}
+        diversity_by_group = {group: group_distinct_ratio(group_texts) for group, group_texts in texts.items()}
     width = max(len(p.token_ids) + len(c.token_ids) for _, p, c in rows)
     n = len(rows)
     input_ids = np.full((n, width), pad_id, dtype=np.int64)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["distinct_ngram_ratio", "group_diversity", "ngram_counts"]
+__all__ = ["distinct_ngram_ratio", "group_distinct_ratio", "group_diversity", "ngram_counts"]
 
 
 def _tokenize_fn(tokenizer: Any) -> Callable[[str], Sequence[Hashable]]:
@@ -49,6 +49,13 @@ def ngram_counts(texts: Sequence[str], n: int = 4, tokenizer: Any = None) -> tup
         total += len(grams)
         seen.update(grams)
     return len(seen), total
+
+
+def group_distinct_ratio(texts: Sequence[str], n: int = 4) -> float:
+    """One group's distinct-n ratio over whitespace words, NaN when it has no n-gram at all (a
+    monitor's "no information", which means over groups skip, as `group_diversity` does)."""
+    distinct, total = ngram_counts(texts, n)
+    return distinct / total if total else float("nan")
 
 
 def distinct_ngram_ratio(texts: Sequence[str], n: int = 4, tokenizer: Any = None) -> float:

@@ -259,6 +259,13 @@ class PromptLedger:
         count = self._count.get(int(uid), 0)
         return self._sum[int(uid)] / count if count else None
 
+    def count(self, uid: int) -> int:
+        """Steps in which the prompt was recorded (0 for a prompt never seen)."""
+        return self._count.get(int(uid), 0)
+
+    def uids(self) -> list[int]:
+        return sorted(self._count)
+
     def easy_prompts(self, threshold: float = 0.9) -> set[int]:
         """Prompts whose average is strictly above `threshold`."""
         return {uid for uid, total in self._sum.items() if total / self._count[uid] > threshold}

@@ -177,8 +177,15 @@ def _check_stages(cfg: Config) -> None:
         raise ConfigError(f"stages: names must be unique; got {', '.join(names)}")
     for index, stage in enumerate(plan_stages(cfg)):
         if cfg.train.eval_samples > 1 and stage.eval_temperature == 0:
-            where = f"stages.{index}.eval_temperature" if cfg.stages else "train.eval_temperature"
+            stage_sets_it = cfg.stages and cfg.stages[index].eval_temperature is not None
+            where = f"stages.{index}.eval_temperature" if stage_sets_it else "train.eval_temperature"
             raise ConfigError(
                 f"{where}: greedy evaluation gives {cfg.train.eval_samples} identical samples (train.eval_samples); "
-                "set a temperature > 0 or eval_samples: 1"
+                "set a temperature > 0 or train.eval_samples: 1"
             )
+    needed = cfg.data.max_prompt_tokens + longest_completion(cfg)
+    if cfg.rollout.vllm.max_model_len is not None and cfg.rollout.vllm.max_model_len < needed:
+        raise ConfigError(
+            f"rollout.vllm.max_model_len: {cfg.rollout.vllm.max_model_len} cannot hold data.max_prompt_tokens + the "
+            f"longest max_new_tokens = {needed}; raise it or leave it null"
+        )

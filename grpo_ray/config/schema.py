@@ -225,6 +225,9 @@ class LearnerConfig(_Section):
     grad_clip: float = Field(1.0, ge=0)
     # Torch threads inside each rank.
     torch_threads: int = Field(1, ge=1)
+    # Recompute activations in the backward pass instead of keeping them: far less memory for long
+    # completions (POLARIS trains 40K-token sequences this way) for about a third more compute.
+    gradient_checkpointing: bool = False
 
 
 class TrainConfig(_Section):

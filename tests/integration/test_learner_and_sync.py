@@ -108,6 +108,23 @@ def test_two_rank_update_equals_one_rank(local_ray, step_batch, zero_stage):
     assert worst < 1e-5, f"2-rank ZeRO-{zero_stage} differs from 1 rank by {worst:.2e}"
 
 
+def test_gradient_checkpointing_gives_the_same_update(local_ray, step_batch):
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    results = {}
+    for checkpointing in (False, True):
+        cfg = make_cfg(learner={"gradient_checkpointing": checkpointing})
+        placement, learners = start_learner_group(ray, cfg)
+        before = ray.get(learners[0].parameters_snapshot.remote())
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        results[checkpointing] = ray.get(learners[0].parameters_snapshot.remote())
+        ray.kill(learners[0])
+        placement.remove()
+    assert max(float(np.abs(results[True][n] - before[n]).max()) for n in before) > 1e-4
+    worst = max(float(np.abs(results[True][n] - results[False][n]).max()) for n in before)
+    assert worst < 1e-6, f"recomputed activations changed the update by {worst:.2e}"
+
+
 @pytest.mark.parametrize(
     "backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))]
 )

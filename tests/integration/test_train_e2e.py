@@ -128,7 +128,9 @@ def test_ctrl_c_stops_the_run_and_its_local_ray(tmp_path):
     # The MLflow run is closed as KILLED, not left RUNNING.
     client = MlflowClient(f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
-    assert [r.info.status for r in runs] == ["KILLED"]
+    # The training run and its (one) stage's nested run.
+    assert sorted("mlflow.parentRunId" in r.data.tags for r in runs) == [False, True]
+    assert [r.info.status for r in runs] == ["KILLED", "KILLED"]
 
 
 def test_a_reward_function_that_always_fails_stops_the_run_naming_it(tmp_path):
