@@ -19,7 +19,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import signal  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from functools import wraps  # noqa: E402
@@ -71,11 +70,6 @@ def one_line_errors(command: Callable) -> Callable:
 def _fail(message: str) -> None:
     click.echo(f"error: {message.splitlines()[0] if message else 'unknown error'}", err=True)
     sys.exit(1)
-
-
-def _terminate_as_interrupt(signum, frame) -> None:
-    # SIGTERM (ray job stop, kill) unwinds like Ctrl-C, so `finally` blocks stop Ray.
-    raise KeyboardInterrupt
 
 
 @click.group()
@@ -130,8 +124,10 @@ def validate(config: str, overrides: tuple[str, ...]) -> None:
 def train(config: str, overrides: tuple[str, ...]) -> None:
     """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here."""
     cfg = load_config(config, overrides)
-    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    from grpo_ray import interrupts
     from grpo_ray.driver import train as run_training
+
+    interrupts.install()
 
     click.echo(f"grpo-ray: training {config}")
     result = run_training(cfg)
@@ -233,6 +229,45 @@ def polaris_drop_easy(ledger: str, data: tuple[str, ...], output: str, threshold
 
     report = drop_easy_records(ledger, data, output, threshold)
     click.echo(report.summary_line(threshold))
+
+
+@main.group()
+def runs() -> None:
+    """Look at training runs logged to MLflow."""
+
+
+@runs.command("compare")
+@click.argument("run_ids", nargs=-1)
+@click.option("--experiment", default=None, help="Compare every top-level run of this experiment instead of RUN_IDS.")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", default=None,
+              help="MLflow tracking URI, e.g. sqlite:////abs/runs/try/mlflow.db; default: $MLFLOW_TRACKING_URI.")
+@click.option("--metric", "metrics", multiple=True, metavar="KEY",
+              help="Metric rows to show instead of reward/mean, eval/accuracy, loss/total, timing/step; repeatable.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write reward/mean and eval/accuracy curves to this PNG.")
+@one_line_errors
+def runs_compare(run_ids: tuple[str, ...], experiment: str | None, tracking_uri: str | None,
+                 metrics: tuple[str, ...], plot: str | None) -> None:
+    """Compare MLflow runs side by side.
+
+    Rows: the params that differ, the last and best value of each main metric (best is the min for
+    loss- and timing-like keys, the max otherwise), status and duration.
+    """
+    from grpo_ray.runs_compare import (
+        DEFAULT_METRICS, PLOT_METRICS, RunsCompareError, check_plot_path, load_runs, plot_curves, table_lines,
+    )
+
+    try:
+        keys = metrics or DEFAULT_METRICS
+        if plot is not None:
+            check_plot_path(plot)
+        found = load_runs(tracking_uri, run_ids, experiment, [*keys, *(PLOT_METRICS if plot else ())])
+        for line in table_lines(found, keys):
+            click.echo(line)
+        if plot is not None:
+            plot_curves(found, plot)
+            click.echo(f"wrote {plot}")
+    except RunsCompareError as err:
+        _fail(str(err))
 
 
 if __name__ == "__main__":

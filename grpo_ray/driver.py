@@ -28,6 +28,7 @@ import numpy as np
 import ray
 import torch
 
+from grpo_ray import interrupts
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
@@ -35,7 +36,7 @@ from grpo_ray.cluster.weights import WeightBroadcaster
 from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.run_setup import RunInputs, prepare_inputs
-from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, score_slices
+from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, sample_rows, score_slices
 from grpo_ray.step_metrics import step_metrics
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri
 from grpo_ray.types import SamplingSettings
@@ -133,6 +134,7 @@ def _loop(run: Run) -> TrainResult:
                          f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}")
         skipped_in_a_row = 0
         while step < stage.last_step:
+            interrupts.raise_if_requested()
             metrics = _train_step(run, stage, step + 1)
             if metrics is None:  # nothing to learn from in this batch: the step does not count
                 skipped_in_a_row += 1
@@ -142,6 +144,8 @@ def _loop(run: Run) -> TrainResult:
             metrics["batch/skipped_before"] = float(skipped_in_a_row)
             step, skipped_in_a_row = step + 1, 0
             run.tracker.log_metrics(step, metrics)
+            if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
+                _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
             run.console.step(step, metrics)
@@ -218,6 +222,15 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
                                                   "polaris/training_prompts": float(len(kept))})
         run.console.info(f"stage {stage.name}: dropped {dropped} prompts averaging above {threshold}; {len(kept)} remain")
     run.tracker.end_stage("FINISHED")
+
+
+def _log_samples(run: Run, step: int) -> None:
+    """Sample completions of the step's first generated slice, read where the slice is."""
+    batch = run.builder.last_batch
+    first = batch.generated.sources == 0
+    rewards = [float(r) for r in batch.generated.rewards[first]]
+    rows = ray.get(sample_rows.remote(batch.refs[0], run.cfg.tracking.samples_per_table, rewards))
+    run.tracker.log_table([{"step": step, **row} for row in rows], f"samples/step_{step:06d}.json")
 
 
 def _skip_message(cfg: Config, count: int) -> str:

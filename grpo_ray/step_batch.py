@@ -64,6 +64,7 @@ class BatchBuilder:
         self.rescue = RescueBuffer()
         self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
+        self.last_batch: StepBatch | None = None  # for the sample tables
 
     def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
         cfg = self.cfg
@@ -92,7 +93,8 @@ class BatchBuilder:
         if train is not None and cfg.polaris.substitution:
             train = self._substitute(train, metrics)
         metrics["polaris/ledger_prompts"] = float(len(self.ledger))
-        return StepBatch(refs, slice_rows, generated, train, metrics)
+        self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
+        return self.last_batch
 
     # -- rollout and scoring ---------------------------------------------------------------------
 
@@ -179,6 +181,16 @@ class BatchBuilder:
 def read_responses(batch, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:
     """Cut the given rows' completions out of a slice, where the slice is (for the rescue buffer)."""
     return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
+
+
+@ray.remote(num_cpus=0)
+def sample_rows(batch, count: int, rewards: list[float]) -> list[dict]:
+    """The first `count` rows of a slice as table rows (prompt, completion, answer, reward)."""
+    return [
+        {"prompt": batch.prompts[i], "completion": batch.completions[i], "answer": batch.answers[i],
+         "reward": rewards[i], "finish_reason": batch.finish_reasons[i]}
+        for i in range(min(count, batch.num_rows))
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ defaults to sqlite under the run's output_dir, with artefacts beside it, so a ru
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -58,7 +59,10 @@ class MlflowTracker:
         params = [Param(key, _param_value(value)) for key, value in flat_params.items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[start : start + 100])
-        self.client.log_text(self.run_id, yaml.safe_dump(config_dict, sort_keys=False), "config.yaml")
+        text = yaml.safe_dump(config_dict, sort_keys=False)
+        self.client.log_text(self.run_id, text, "config.yaml")
+        # Two runs with the same hash ran the same resolved recipe (output paths included).
+        self.client.set_tag(self.run_id, "grpo_ray.config_hash", hashlib.sha256(text.encode()).hexdigest()[:16])
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
@@ -73,6 +77,11 @@ class MlflowTracker:
         for run_id in filter(None, (self.run_id, self.stage_run_id)):
             for start in range(0, len(batch), 1000):
                 self.client.log_batch(run_id, metrics=batch[start : start + 1000])
+
+    def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """A table (one dict per row) as a JSON artefact the MLflow UI shows as a table."""
+        if rows:
+            self.client.log_table(self.run_id, {key: [row[key] for row in rows] for key in rows[0]}, artifact_file)
 
     def start_stage(self, name: str, params: dict[str, Any]) -> str:
         """Open a run nested under the training run (MLflow's parent tag) for one training stage."""

@@ -11,6 +11,12 @@ from pydantic import ValidationError
 from grpo_ray.config.plans import check_config
 from grpo_ray.config.schema import Config, ConfigError
 
+# Found by fuzzing: PyYAML's safe constructors raise far more than YAMLError on bad text:
+# ValueError ("2001-02-30", "!!int abc"), IndexError ("!!float"), KeyError ("!!bool"),
+# AttributeError ("!!timestamp abc"), RecursionError ("[[[[..." deeper than Python's stack).
+# Every failure of safe_load means "not valid YAML"; it runs no code of ours.
+_YAML_FAILURES = (Exception,)
+
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML recipe, apply `dotted.key=value` overrides, validate; ConfigError on any problem."""
@@ -19,7 +25,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: config file not found; pass the path of a YAML recipe such as configs/tiny.yaml")
     try:
         raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
+    except UnicodeDecodeError:
+        # Found by fuzzing: a binary or non-UTF-8 file raised UnicodeDecodeError.
+        raise ConfigError(f"{path}: not UTF-8 text; pass a YAML recipe") from None
+    except _YAML_FAILURES as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
@@ -48,27 +57,41 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {part} is not a section")
+            raise ConfigError(f"--set {_shown(key)}: {_shown(part)} is not a section")
         node = child
     # YAML parsing gives "10" -> 10, "true" -> True, "[a, b]" -> list, like the file itself.
     try:
         node[parts[-1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
+    except _YAML_FAILURES:
         node[parts[-1]] = value
 
 
 def _one_line(err: ValidationError) -> str:
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "config"
+    field = ".".join(_shown(str(p)) for p in first["loc"]) or "config"
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        parent = ".".join(str(p) for p in first["loc"][:-1])
+        parent = ".".join(_shown(str(p)) for p in first["loc"][:-1])
         allowed = _allowed_keys(first["loc"][:-1])
         message = f"unknown key{' in ' + parent if parent else ''}; allowed: {', '.join(allowed)}"
     elif "input" in first and first["type"] != "missing":
-        message = f"{message} (got {first['input']!r})"
+        message = f"{message} (got {_got(first['input'])})"
     more = len(err.errors()) - 1
     return f"{field}: {message}" + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+def _got(value: Any) -> str:
+    try:
+        return repr(value)
+    except ValueError:
+        # Found by fuzzing: an int of over 4300 digits (YAML reads "0x" + 4000 hex digits) has no repr.
+        return f"a {type(value).__name__} too large to show"
+
+
+def _shown(key: str) -> str:
+    """A user's key as a message shows it: found by fuzzing, a key holding a line break split the
+    one-line error, so non-printable characters are escaped ("a\\nb")."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in key)
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:

@@ -54,16 +54,16 @@ def history(client, run_id, key):
 def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
     cfg = recipe(
         tmp_path, polaris_jsonl,
-        train={"prompts_per_step": PROMPTS_PER_STEP, "max_skipped_batches": 10},
+        train={"prompts_per_step": PROMPTS_PER_STEP, "max_skipped_batches": 30},
         algorithm={"clip_high": 0.28, "overlong": "zero_reward"},
-        polaris={"substitution": True, "rescue": True, "drop_easy_threshold": 0.3},
+        polaris={"substitution": True, "rescue": True, "drop_easy_threshold": 0.0},
         stages=[
-            {"name": "s1", "steps": 4, "temperature": 1.0},
-            {"name": "s2", "steps": 3, "temperature": 1.2, "max_new_tokens": 6, "eval_temperature": 0.0},
+            {"name": "s1", "steps": 5, "temperature": 1.0},
+            {"name": "s2", "steps": 2, "temperature": 1.2, "max_new_tokens": 6, "eval_temperature": 0.0},
         ],
     )
     result = train(cfg)
-    assert result.steps == 7 and set(result.eval_accuracy) == {0, 4, 7}
+    assert result.steps == 7 and set(result.eval_accuracy) == {0, 5, 7}
     client = MlflowClient(result.tracking_uri)
 
     # Stages are nested runs of the training run, each holding its own steps' metrics.
@@ -71,8 +71,8 @@ def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{result.run_id}'")
     stages = {run.data.tags["grpo_ray.stage"]: run for run in children}
     assert set(stages) == {"s1", "s2"} and all(run.info.status == "FINISHED" for run in children)
-    assert set(history(client, stages["s1"].info.run_id, "reward/mean")) == {1, 2, 3, 4}
-    assert set(history(client, stages["s2"].info.run_id, "reward/mean")) == {5, 6, 7}
+    assert set(history(client, stages["s1"].info.run_id, "reward/mean")) == {1, 2, 3, 4, 5}
+    assert set(history(client, stages["s2"].info.run_id, "reward/mean")) == {6, 7}
     assert stages["s2"].data.params["temperature"] == "1.2" and stages["s2"].data.params["max_new_tokens"] == "6"
     for name, run in stages.items():
         assert (Path(run.data.tags["grpo_ray.model_dir"]) / "config.json").exists(), name
@@ -86,15 +86,18 @@ def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
     assert all(informative[s] + substituted[s] == PROMPTS_PER_STEP for s in trained)
     assert sum(substituted.values()) > 0
 
-    # Rescue: 40 prompts, 16 a step: prompts come back, and some that were solved once fail all G.
+    # Rescue: 40 prompts, 16 a step: in stage s1's 5 steps every prompt comes back at least once,
+    # and some that were solved once then fail all G (about 7 expected; seen: 2-8 in s1 alone).
     assert sum(history(client, result.run_id, "polaris/rescued_groups").values()) > 0
 
-    # Ledger and drop-easy: prompts averaging above 0.3 after s1 are not sampled in s2.
+    # Ledger and drop-easy: prompts averaging above 0 after s1 (solved at least once: a threshold
+    # the tiny model's ~5-10% sampled accuracy surely crosses for some prompts in 5 steps, which
+    # POLARIS's 0.9 would not) are not sampled in s2.
     s1 = PromptLedger.load(tmp_path / "stages" / "s1" / "ledger.jsonl")
     s2 = PromptLedger.load(tmp_path / "stages" / "s2" / "ledger.jsonl")
-    easy = s1.easy_prompts(0.3)
+    easy = s1.easy_prompts(0.0)
     dropped = history(client, result.run_id, "polaris/dropped_easy_prompts")
-    assert dropped == {4: float(len(easy))} and len(easy) > 0
+    assert dropped == {5: float(len(easy))} and 0 < len(easy) < 40
     assert all(s2.count(uid) == s1.count(uid) for uid in easy), "a dropped prompt was sampled in stage s2"
     assert any(s2.count(uid) > s1.count(uid) for uid in s2.uids()), "stage s2 recorded nothing"
 
@@ -107,6 +110,7 @@ def test_kl_in_the_reward_with_reference_refresh_and_dynamic_sampling(tmp_path, 
         algorithm={"kl_coef": 0.05, "kl_placement": "reward", "dynamic_sampling": True, "dynamic_sampling_max_tries": 3},
         reference={"num_cpus": 0.25, "refresh_every": 2},
         train={"prompts_per_step": PROMPTS_PER_STEP, "steps": 4},
+        tracking={"samples_every": 2, "samples_per_table": 3},
     )
     result = train(cfg)
     client = MlflowClient(result.tracking_uri)
@@ -127,3 +131,11 @@ def test_kl_in_the_reward_with_reference_refresh_and_dynamic_sampling(tmp_path, 
     assert all(kept[s] + dropped[s] >= PROMPTS_PER_STEP * tries[s] - PROMPTS_PER_STEP for s in tries)
     assert all(0 < kept[s] <= PROMPTS_PER_STEP for s in tries)
     assert np.isfinite(list(history(client, result.run_id, "loss/total").values())).all()
+
+    # Sample tables every 2 steps: 3 rows each, with the rewards the step scored.
+    tables = sorted(a.path for a in client.list_artifacts(result.run_id, "samples"))
+    assert tables == ["samples/step_000002.json", "samples/step_000004.json"]
+    (tmp_path / "dl").mkdir()
+    table = json.loads(Path(client.download_artifacts(result.run_id, tables[0], str(tmp_path / "dl"))).read_text())
+    assert table["columns"][:3] == ["step", "prompt", "completion"] and len(table["data"]) == 3
+    assert len(client.get_run(result.run_id).data.tags["grpo_ray.config_hash"]) == 16
