@@ -6,6 +6,7 @@
     grpo-ray eval --model tiny --data tiny:heldout --temperature 0 --max-tokens 4 --reward exact_match
     grpo-ray sweep-temperature --model tiny --data tiny:heldout --temperatures 0.6,1.0,1.4 --n 8
     grpo-ray polaris drop-easy --ledger ledger.jsonl --data train.parquet --output stage2.jsonl
+    grpo-ray runs compare --experiment grpo-ray --tracking-uri sqlite:///runs/try/mlflow.db --plot curves.png
 
 Every user-facing error ends the command with one line naming the field or file and what to do,
 and exit code 1 (130 on Ctrl-C); a local Ray started here is stopped in every case.
