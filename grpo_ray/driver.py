@@ -30,6 +30,7 @@ import torch
 
 from grpo_ray import interrupts
 from grpo_ray.algo.polaris import drop_easy
+from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster
@@ -120,6 +121,7 @@ class Run:
                                       self.cfg.weight_sync.timeout_s, backend)
         self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed))
         self.output_dir = Path(self.cfg.output_dir)
+        self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 
 
 def _loop(run: Run) -> TrainResult:
@@ -144,6 +146,7 @@ def _loop(run: Run) -> TrainResult:
             metrics["batch/skipped_before"] = float(skipped_in_a_row)
             step, skipped_in_a_row = step + 1, 0
             run.tracker.log_metrics(step, metrics)
+            run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):

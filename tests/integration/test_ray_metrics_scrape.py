@@ -1,0 +1,89 @@
+"""A running job's metrics on the Prometheus endpoint of a real Ray head (`ray start --head`).
+
+Ray's metrics agent serves what the driver reports every `metrics_report_interval_ms` (10 s) and
+on ray.shutdown, and drops a gauge two intervals after the driver stops reporting it, so the
+endpoint is polled (in a thread) from before the run starts until every name has been seen.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from grpo_ray.cluster.ray_metrics import EXPORTED_NAMES
+from grpo_ray.cluster.weight_sync import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+# Ray's own metrics the dashboard queries that a CPU-only head serves too.
+RAY_OWN = {"ray_node_cpu_utilization", "ray_node_mem_used_host", "ray_node_mem_total_host"}
+
+
+@pytest.fixture()
+def metrics_head(monkeypatch):
+    port, metrics_port = free_port(), free_port()
+    ray_bin = Path(sys.executable).with_name("ray")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    subprocess.run(
+        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         f"--metrics-export-port={metrics_port}", "--num-cpus=2", "--include-dashboard=false",
+         "--disable-usage-stats"],
+        check=True, capture_output=True, env=env, timeout=120,
+    )
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the driver (this process) joins as the CLI would
+    try:
+        yield f"127.0.0.1:{port}", metrics_port
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+def scrape(port: int) -> set[str]:
+    """Names of the metric samples the endpoint serves now."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return set()
+    return {m.group(1) for m in re.finditer(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", text, re.MULTILINE)}
+
+
+class Scraper(threading.Thread):
+    """Polls the endpoint every half second and keeps every name it has ever seen."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.seen, self.stop = port, set(), threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.seen |= scrape(self.port)
+            self.stop.wait(0.5)
+
+
+def test_a_running_job_exports_every_metric(tmp_path, metrics_head):
+    from grpo_ray.config import load_config
+    from grpo_ray.driver import train
+
+    address, metrics_port = metrics_head
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"output_dir={tmp_path}", "train.steps=3", "data.eval_limit=20", f"ray.address={address}",
+    ])
+    wanted = EXPORTED_NAMES | RAY_OWN
+    scraper = Scraper(metrics_port)
+    scraper.start()
+    try:
+        result = train(cfg)
+        # The last step's values are flushed at ray.shutdown and served for two report intervals.
+        deadline = time.monotonic() + 60
+        while not wanted <= scraper.seen and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        scraper.stop.set()
+        scraper.join()
+    assert result.steps == 3
+    assert not wanted - scraper.seen, f"never scraped: {sorted(wanted - scraper.seen)}"
