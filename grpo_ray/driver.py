@@ -91,7 +91,8 @@ def train(cfg: Config, console: ConsoleReporter | None = None) -> TrainResult:
     try:
         with ray_session(cfg.ray) as session:
             where = "a local Ray started for this run" if session.started_local else f"the Ray cluster at {session.address}"
-            console.info(f"running on {where}" + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else ""))
+            console.info(f"running on {where}" + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else "")
+                         + (f"; metrics {session.metrics_url}" if session.metrics_url else ""))
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
             result = _loop(Run(cfg, inputs, workers, tracker, console))

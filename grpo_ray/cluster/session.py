@@ -25,6 +25,7 @@ class RaySession:
     address: str
     started_local: bool
     dashboard_url: str | None
+    metrics_url: str | None = None  # this node's Prometheus endpoint (Ray's and grpo-ray's metrics)
 
 
 def actor_env() -> dict[str, str]:
@@ -50,6 +51,8 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
             num_cpus=cfg.num_cpus or os.cpu_count(),
             include_dashboard=cfg.dashboard,
             dashboard_host=cfg.dashboard_host,
+            # A fixed port lets Prometheus scrape a local run (dashboards/grpo-ray.json); None: random.
+            _metrics_export_port=cfg.metrics_export_port,
             **common,
         )
     dashboard = getattr(context, "dashboard_url", None) or None
@@ -59,7 +62,17 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
             address=address or context.address_info.get("address", "local"),
             started_local=not address,
             dashboard_url=f"http://{dashboard}" if dashboard else None,
+            metrics_url=_metrics_url(ray),
         )
     finally:
         # Stops a local Ray's processes; on a cluster, ends this job's actors (they die with the driver).
         ray.shutdown()
+
+
+def _metrics_url(ray) -> str | None:
+    """The Prometheus endpoint of the node this driver runs on, from Ray's node table."""
+    here = ray.util.get_node_ip_address()
+    for node in ray.nodes():
+        if node.get("Alive") and node.get("NodeManagerAddress") == here and node.get("MetricsExportPort"):
+            return f"http://{here}:{node['MetricsExportPort']}/metrics"
+    return None

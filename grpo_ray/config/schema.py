@@ -322,6 +322,9 @@ class RayConfig(_Section):
     dashboard: bool = False
     # Dashboard bind address; 127.0.0.1 keeps it off the network.
     dashboard_host: str = "127.0.0.1"
+    # Port of a local Ray's Prometheus metrics endpoint (grpo-ray's and Ray's own metrics); null: any
+    # free port (printed at start either way).
+    metrics_export_port: int | None = Field(None, ge=1024, le=65535)
     # Seconds to wait for the placement group (all actors' resources) before giving up.
     placement_timeout_s: float = Field(120.0, gt=0)
 
