@@ -25,7 +25,7 @@ RAY_OWN = {"ray_node_cpu_utilization", "ray_node_mem_used_host", "ray_node_mem_t
 
 
 @pytest.fixture()
-def metrics_head(monkeypatch):
+def metrics_head():
     port, metrics_port = free_port(), free_port()
     ray_bin = Path(sys.executable).with_name("ray")
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
@@ -35,7 +35,6 @@ def metrics_head(monkeypatch):
          "--disable-usage-stats"],
         check=True, capture_output=True, env=env, timeout=120,
     )
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the driver (this process) joins as the CLI would
     try:
         yield f"127.0.0.1:{port}", metrics_port
     finally:
@@ -66,18 +65,21 @@ class Scraper(threading.Thread):
 
 
 def test_a_running_job_exports_every_metric(tmp_path, metrics_head):
-    from grpo_ray.config import load_config
-    from grpo_ray.driver import train
-
+    # The driver runs in its own process, as under `ray job submit`: Ray reads its auth mode once
+    # per process, and a driver in this one would leave it "disabled" for every later test here.
     address, metrics_port = metrics_head
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
-        f"output_dir={tmp_path}", "train.steps=3", "data.eval_limit=20", f"ray.address={address}",
-    ])
     wanted = EXPORTED_NAMES | RAY_OWN
     scraper = Scraper(metrics_port)
     scraper.start()
     try:
-        result = train(cfg)
+        out = subprocess.run(
+            [sys.executable, "-m", "grpo_ray.cli", "train", str(ROOT / "configs" / "tiny.yaml"),
+             "--set", f"output_dir={tmp_path}", "--set", "train.steps=3", "--set", "data.eval_limit=20",
+             "--set", f"ray.address={address}"],
+            capture_output=True, text=True, cwd=ROOT, timeout=400,
+            env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
         # The last step's values are flushed at ray.shutdown and served for two report intervals.
         deadline = time.monotonic() + 60
         while not wanted <= scraper.seen and time.monotonic() < deadline:
@@ -85,5 +87,5 @@ def test_a_running_job_exports_every_metric(tmp_path, metrics_head):
     finally:
         scraper.stop.set()
         scraper.join()
-    assert result.steps == 3
+    assert "step 3/3" in out.stdout
     assert not wanted - scraper.seen, f"never scraped: {sorted(wanted - scraper.seen)}"
