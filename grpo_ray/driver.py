@@ -87,22 +87,15 @@ def train(cfg: Config, console: ConsoleReporter | None = None) -> TrainResult:
         f"{inputs.skipped_rows} unusable rows, {inputs.dropped_too_long} over data.max_prompt_tokens, "
         f"{inputs.dropped_by_difficulty} outside data.difficulty_band"
     )
-    status = "FAILED"
     try:
-        with ray_session(cfg.ray) as session:
+        with tracker.ending(), ray_session(cfg.ray) as session:
             where = "a local Ray started for this run" if session.started_local else f"the Ray cluster at {session.address}"
             console.info(f"running on {where}" + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else "")
                          + (f"; metrics {session.metrics_url}" if session.metrics_url else ""))
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
-            result = _loop(Run(cfg, inputs, workers, tracker, console))
-        status = "FINISHED"
-        return result
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
+            return _loop(Run(cfg, inputs, workers, tracker, console))
     finally:
-        tracker.finish(status)
         console.close()
 
 

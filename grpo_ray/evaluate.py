@@ -327,8 +327,7 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
     tracker = open_tracker(settings)
     params = settings_params(settings)
     tracker.log_config(params, {**params, "output_dir": settings.output_dir})
-    status = "FAILED"
-    try:
+    with tracker.ending():
         started = time.perf_counter()
         longest = max(len(p.prompt.token_ids) for p in prompts)
         engine = load_engine(settings, tokenizer, max_model_len=longest + settings.max_tokens)
@@ -353,12 +352,6 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
         metrics = {**_source_metrics(sources, settings.n), **timings}
         tracker.log_metrics(0, metrics)
         tracker.client.log_artifact(tracker.run_id, str(samples_file))
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        tracker.finish(status)
     return EvalReport(settings.n, sources, samples_file, tracker.run_id, tracker.tracking_uri, metrics, rope)
 
 

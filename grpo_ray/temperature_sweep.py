@@ -149,8 +149,7 @@ def sweep_temperatures(settings: EvalSettings, temperatures: tuple[float, ...], 
     tracker.log_config(params, {**params, "output_dir": settings.output_dir})
     sweep_file = output_dir / "sweep.jsonl"
     results: list[TemperatureResult] = []
-    status = "FAILED"
-    try:
+    with tracker.ending():
         longest = max(len(p.prompt.token_ids) for p in prompts)
         engine = load_engine(settings, tokenizer, max_model_len=longest + settings.max_tokens)
         sweep_file.parent.mkdir(parents=True, exist_ok=True)
@@ -169,10 +168,4 @@ def sweep_temperatures(settings: EvalSettings, temperatures: tuple[float, ...], 
                 out.flush()
                 results.append(result)
         tracker.client.log_artifact(tracker.run_id, str(sweep_file))
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        tracker.finish(status)
     return SweepReport(settings.n, len(prompts), results, sweep_file, tracker.run_id, tracker.tracking_uri)

@@ -13,6 +13,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,20 @@ class MlflowTracker:
         if self.stage_run_id is not None:
             self.client.set_terminated(self.stage_run_id, status=status)
             self.stage_run_id = None
+
+    @contextmanager
+    def ending(self) -> Iterator[MlflowTracker]:
+        """End the run (and an open stage) however the block leaves: FINISHED, KILLED on Ctrl-C or
+        SIGTERM (raised as KeyboardInterrupt), FAILED on any error."""
+        status = "FAILED"
+        try:
+            yield self
+            status = "FINISHED"
+        except KeyboardInterrupt:
+            status = "KILLED"
+            raise
+        finally:
+            self.finish(status)
 
     def finish(self, status: str) -> None:
         self.end_stage(status)
