@@ -85,42 +85,11 @@ def assemble_slice(plan: SliceAssembly, slices: list[RolloutSlice], pad_id: int)
         picked = np.flatnonzero(plan.sources == source)
         parts.append((picked, slices[position[source]].select(plan.rows[picked])))
     order = np.argsort(np.concatenate([picked for picked, _ in parts]), kind="stable")
-    merged = _concat([part for _, part in parts], pad_id).select(order)
+    merged = RolloutSlice.concat([part for _, part in parts], pad_id).select(order)
     merged = replace(merged, group_ids=plan.group_ids.astype(np.int64))
     for row, response in sorted(plan.replacements.items()):
         merged = _with_completion(merged, row, response, pad_id)
     return merged
-
-
-def _concat(parts: list[RolloutSlice], pad_id: int) -> RolloutSlice:
-    if len(parts) == 1:
-        return parts[0]
-    width = max(p.input_ids.shape[1] for p in parts)
-
-    def stacked(name: str, fill) -> np.ndarray:
-        arrays = [getattr(p, name) for p in parts]
-        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays])
-
-    def joined(name: str) -> list:
-        return [value for p in parts for value in getattr(p, name)]
-
-    return RolloutSlice(
-        group_ids=np.concatenate([p.group_ids for p in parts]),
-        prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
-        input_ids=stacked("input_ids", pad_id),
-        attention_mask=stacked("attention_mask", 0),
-        completion_mask=stacked("completion_mask", 0.0),
-        rollout_logprobs=stacked("rollout_logprobs", 0.0),
-        prompts=joined("prompts"),
-        completions=joined("completions"),
-        answers=joined("answers"),
-        finish_reasons=joined("finish_reasons"),
-        row_fields={name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
-                    for name in sorted({n for p in parts for n in p.row_fields})},
-        # The oldest weights any row was sampled with: staleness is never under-reported.
-        policy_version=min(p.policy_version for p in parts),
-        group_diversity=np.concatenate([p.group_diversity for p in parts]),
-    )
 
 
 def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_id: int) -> RolloutSlice:

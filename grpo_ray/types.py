@@ -48,6 +48,12 @@ class Completion:
     finish_reason: str  # "stop" (end of turn) or "length" (hit max_new_tokens)
 
 
+def pad_and_stack(arrays: list[np.ndarray], fill) -> np.ndarray:
+    """[N_k, T_k] arrays right-padded with `fill` to the widest T, then stacked row-wise."""
+    width = max(a.shape[1] for a in arrays)
+    return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays])
+
+
 @dataclass(frozen=True)
 class RolloutSlice:
     """Completions of some prompts of a step, bound for one learner rank. N rows, G per prompt."""
@@ -92,6 +98,33 @@ class RolloutSlice:
             row_fields={name: pick(values) for name, values in self.row_fields.items()},
             policy_version=self.policy_version,
             group_diversity=self.group_diversity[rows],
+        )
+
+    @staticmethod
+    def concat(parts: list["RolloutSlice"], pad_id: int) -> "RolloutSlice":
+        """The parts' rows one after the other, token arrays right-padded to the widest part."""
+        if len(parts) == 1:
+            return parts[0]
+
+        def joined(name: str) -> list:
+            return [value for p in parts for value in getattr(p, name)]
+
+        return RolloutSlice(
+            group_ids=np.concatenate([p.group_ids for p in parts]),
+            prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
+            input_ids=pad_and_stack([p.input_ids for p in parts], pad_id),
+            attention_mask=pad_and_stack([p.attention_mask for p in parts], 0),
+            completion_mask=pad_and_stack([p.completion_mask for p in parts], 0.0),
+            rollout_logprobs=pad_and_stack([p.rollout_logprobs for p in parts], 0.0),
+            prompts=joined("prompts"),
+            completions=joined("completions"),
+            answers=joined("answers"),
+            finish_reasons=joined("finish_reasons"),
+            row_fields={name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
+                        for name in sorted({n for p in parts for n in p.row_fields})},
+            # The oldest weights any row was sampled with: staleness is never under-reported.
+            policy_version=min(p.policy_version for p in parts),
+            group_diversity=np.concatenate([p.group_diversity for p in parts]),
         )
 
 

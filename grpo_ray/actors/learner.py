@@ -29,7 +29,7 @@ from grpo_ray.models.loading import (
     sequence_logprobs,
     weight_specs,
 )
-from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
+from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
 
 
 @dataclass(frozen=True)
@@ -273,22 +273,18 @@ def _concat_rows(
     refs: list[np.ndarray] | None,
     pad_id: int,
 ) -> dict[str, torch.Tensor]:
-    """All rows of this rank's slices as tensors padded to one width."""
-    width = max(s.input_ids.shape[1] for s in slices)
-
-    def padded(arrays: list[np.ndarray], fill) -> np.ndarray:
-        return np.concatenate([np.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=fill) for a in arrays])
-
+    """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
+    slice's width, so all come out equally wide)."""
     batch = {
-        "input_ids": torch.from_numpy(padded([s.input_ids for s in slices], pad_id)),
-        "attention_mask": torch.from_numpy(padded([s.attention_mask for s in slices], 0)),
-        "completion_mask": torch.from_numpy(padded([s.completion_mask for s in slices], 0.0)),
-        "rollout_logprobs": torch.from_numpy(padded([s.rollout_logprobs for s in slices], 0.0)),
+        "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
+        "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
+        "completion_mask": torch.from_numpy(pad_and_stack([s.completion_mask for s in slices], 0.0)),
+        "rollout_logprobs": torch.from_numpy(pad_and_stack([s.rollout_logprobs for s in slices], 0.0)),
         "advantages": torch.from_numpy(np.concatenate(advantages).astype(np.float32)),
         "row_weights": torch.from_numpy(np.concatenate(row_weights).astype(np.float32)),
     }
     if refs is not None:
-        batch["ref_logprobs"] = torch.from_numpy(padded(refs, 0.0))
+        batch["ref_logprobs"] = torch.from_numpy(pad_and_stack(refs, 0.0))
     return batch
 
 
