@@ -23,7 +23,7 @@ import ray
 
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.overlong import shape_overlong_rewards
-from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, rescue_plan
+from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
 from grpo_ray.batching import KeptResponse, StepRows, read_response
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.config import Config, plan_batches
@@ -72,18 +72,19 @@ class BatchBuilder:
         refs: list = []
         slice_rows: list[int] = []
         generations: list[StepRows] = []
-        accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries)
+        accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
         while True:
             # Group ids run on across tries, so groups of different tries never merge.
-            rows = self._generate(self.stream.take(p), sampling, group_offset=len(generations) * p,
-                                  first_source=len(refs), refs=refs, slice_rows=slice_rows, timer=timer)
+            rows = self._generate(self.stream.take(p), sampling, len(generations) * p, refs, slice_rows, timer)
             generations.append(rows)
+            if accumulator is None:
+                break
             accumulator.add(len(generations) - 1, rows.rewards, rows.group_ids)
-            if not cfg.algorithm.dynamic_sampling or accumulator.done:
+            if accumulator.done:
                 break
         generated = StepRows.concat(generations)
         metrics = {"batch/generation_tries": float(len(generations))}
-        train = generated if not cfg.algorithm.dynamic_sampling else self._dynamic_sample(generations, accumulator, metrics)
+        train = generated if accumulator is None else self._dynamic_sample(generated, generations, accumulator, metrics)
 
         if train is not None and cfg.polaris.rescue:
             train = self._rescue(train, metrics)
@@ -99,9 +100,11 @@ class BatchBuilder:
     # -- rollout and scoring ---------------------------------------------------------------------
 
     def _generate(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int,
-                  first_source: int, refs: list, slice_rows: list[int], timer) -> StepRows:
-        """Sample and score one batch of prompts; appends its slice refs to `refs`."""
+                  refs: list, slice_rows: list[int], timer) -> StepRows:
+        """Sample and score one batch of prompts; appends its slice refs to `refs` (and their row
+        counts to `slice_rows`), so the returned rows' sources index `refs`."""
         workers = self.workers
+        first_source = len(refs)
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         with timer("rollout"):
@@ -120,8 +123,10 @@ class BatchBuilder:
 
     # -- dynamic sampling ------------------------------------------------------------------------
 
-    def _dynamic_sample(self, generations: list[StepRows], accumulator: GroupAccumulator, metrics) -> StepRows | None:
-        """The informative groups collected, padded to the batch size with rows out of the loss."""
+    def _dynamic_sample(self, generated: StepRows, generations: list[StepRows], accumulator: GroupAccumulator,
+                        metrics) -> StepRows | None:
+        """The informative groups collected, padded to the batch size with rows out of the loss.
+        `generated` is the generations concatenated."""
         offsets = np.cumsum([0] + [len(g) for g in generations])
         kept = [offsets[key] + rows for key, rows in accumulator.take()]
         index = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
@@ -129,7 +134,6 @@ class BatchBuilder:
         metrics["batch/kept_groups"] = float(len(index) // self.cfg.rollout.samples_per_prompt)
         if len(index) == 0:
             return None
-        generated = StepRows.concat(generations)
         short = self.plan.completions_per_step - len(index)
         metrics["batch/padded_rows"] = float(short)
         if short == 0:
@@ -154,10 +158,9 @@ class BatchBuilder:
 
     def _keep_correct(self, refs: list, generated: StepRows) -> None:
         """Record the latest correct response of every prompt that has one in this step."""
-        correct = np.flatnonzero(np.isfinite(generated.rewards) & (generated.rewards >= self.cfg.polaris.correct_threshold))
-        last_row_of_prompt = {int(generated.prompt_uids[i]): int(i) for i in correct}  # later rows win
+        latest = latest_correct_rows(generated.rewards, generated.prompt_uids, self.cfg.polaris.correct_threshold)
         by_source: dict[int, list[int]] = {}
-        for i in last_row_of_prompt.values():
+        for i in latest.values():
             by_source.setdefault(int(generated.sources[i]), []).append(i)
         calls = []
         for source, rows in by_source.items():

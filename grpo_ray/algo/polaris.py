@@ -46,6 +46,7 @@ __all__ = [
     "drop_easy",
     "group_mean_rewards",
     "informative_substitution",
+    "latest_correct_rows",
     "rescue_plan",
     "update_from_batch",
 ]
@@ -207,6 +208,16 @@ def rescue_plan(
     return plan
 
 
+def latest_correct_rows(rewards: np.ndarray, prompt_uids: np.ndarray, correct_threshold: float = 1.0) -> dict[int, int]:
+    """{prompt uid: its last correct row in row order}, for the prompts with a correct row.
+
+    The rows whose responses the rescue buffer keeps: only these need their tokens read.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    prompt_uids = np.asarray(prompt_uids).astype(np.int64)
+    return {int(prompt_uids[row]): int(row) for row in np.flatnonzero(_correct(rewards, correct_threshold))}
+
+
 def update_from_batch(
     buffer: RescueBuffer,
     rewards: np.ndarray,
@@ -223,12 +234,10 @@ def update_from_batch(
             f"rewards, prompt_uids and payloads must have one entry per row; got {rewards.shape}, "
             f"{prompt_uids.shape} and {len(payloads)}"
         )
-    recorded: set[int] = set()
-    for row in np.flatnonzero(_correct(rewards, correct_threshold)):
-        uid = int(prompt_uids[row])
+    latest = latest_correct_rows(rewards, prompt_uids, correct_threshold)
+    for uid, row in latest.items():
         buffer.record(uid, payloads[row])
-        recorded.add(uid)
-    return len(recorded)
+    return len(latest)
 
 
 # ---------------------------------------------------------------- per-prompt ledger, drop-easy
