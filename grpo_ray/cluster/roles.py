@@ -15,7 +15,7 @@ from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
 from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, longest_completion, plan_resources
+from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_resources
 
 
 @dataclass
@@ -88,7 +88,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         dtype=cfg.model.dtype,
         seed=cfg.seed + index,
         torch_threads=r.torch_threads,
-        max_model_len=r.vllm.max_model_len or cfg.data.max_prompt_tokens + longest_completion(cfg),
+        max_model_len=r.vllm.max_model_len or longest_sequence(cfg),
         vllm_enforce_eager=r.vllm.enforce_eager,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,

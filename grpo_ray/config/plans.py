@@ -123,13 +123,13 @@ def total_steps(cfg: Config) -> int:
 
 
 def longest_completion(cfg: Config) -> int:
-    """The largest max_new_tokens of any stage: what the rollout engines must be able to hold."""
+    """The largest max_new_tokens of any stage."""
     return max(stage.max_new_tokens for stage in plan_stages(cfg))
 
 
-def edits_batches(cfg: Config) -> bool:
-    """True when rows of a step's batch may be dropped, copied or replaced after scoring."""
-    return cfg.polaris.substitution or cfg.polaris.rescue or cfg.algorithm.dynamic_sampling
+def longest_sequence(cfg: Config) -> int:
+    """The longest prompt + completion of the run: what a rollout engine's context must hold."""
+    return cfg.data.max_prompt_tokens + longest_completion(cfg)
 
 
 def check_config(cfg: Config) -> None:
@@ -183,7 +183,7 @@ def _check_stages(cfg: Config) -> None:
                 f"{where}: greedy evaluation gives {cfg.train.eval_samples} identical samples (train.eval_samples); "
                 "set a temperature > 0 or train.eval_samples: 1"
             )
-    needed = cfg.data.max_prompt_tokens + longest_completion(cfg)
+    needed = longest_sequence(cfg)
     if cfg.rollout.vllm.max_model_len is not None and cfg.rollout.vllm.max_model_len < needed:
         raise ConfigError(
             f"rollout.vllm.max_model_len: {cfg.rollout.vllm.max_model_len} cannot hold data.max_prompt_tokens + the "

@@ -6,7 +6,6 @@ from grpo_ray.cluster.roles import learner_settings, rollout_settings
 from grpo_ray.config import (
     ConfigError,
     config_from_dict,
-    edits_batches,
     longest_completion,
     plan_batches,
     plan_stages,
@@ -47,21 +46,6 @@ def test_stages_chain_their_steps_and_fill_nulls():
     # train.steps (default 100) plays no part once stages are given: 3 + 5 + 2.
     assert total_steps(cfg) == 10
     assert longest_completion(cfg) == 512
-
-
-@pytest.mark.parametrize(
-    "raw, edits",
-    [
-        ({}, False),
-        ({"polaris": {"substitution": True}}, True),
-        ({"polaris": {"rescue": True}}, True),
-        ({"algorithm": {"dynamic_sampling": True}}, True),
-        # Dropping easy prompts between stages changes the data, not a step's batch.
-        ({"polaris": {"drop_easy_threshold": 0.9}}, False),
-    ],
-)
-def test_edits_batches(raw, edits):
-    assert edits_batches(config_from_dict(raw)) is edits
 
 
 TWO_STAGES = [{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "max_new_tokens": 64}]
