@@ -40,6 +40,7 @@ from grpo_ray.config import (  # noqa: E402
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user as is (one line, names the thing)."""
+    from grpo_ray.checkpoint import CheckpointError
     from grpo_ray.cluster.actors import ClusterError
     from grpo_ray.cluster.weights import WeightSyncError
     from grpo_ray.data.loaders import DataError
@@ -47,7 +48,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.rewards import RewardSpecError
     from grpo_ray.step_batch import RunStoppedError
 
-    return (ConfigError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError, RunStoppedError)
+    return (ConfigError, CheckpointError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError,
+            RunStoppedError)
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -121,9 +123,14 @@ def validate(config: str, overrides: tuple[str, ...]) -> None:
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @OVERRIDES
+@click.option("--resume/--no-resume", "resume", default=None,
+              help="--resume: continue from the newest checkpoint in output_dir (an error if there is none); "
+                   "--no-resume: start over, moving old checkpoints aside. Default: resume when a checkpoint exists.")
 @one_line_errors
-def train(config: str, overrides: tuple[str, ...]) -> None:
-    """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here."""
+def train(config: str, overrides: tuple[str, ...], resume: bool | None) -> None:
+    """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here.
+
+    A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
     from grpo_ray import interrupts
     from grpo_ray.driver import train as run_training
@@ -131,7 +138,7 @@ def train(config: str, overrides: tuple[str, ...]) -> None:
     interrupts.install()
 
     click.echo(f"grpo-ray: training {config}")
-    result = run_training(cfg)
+    result = run_training(cfg, resume={None: "auto", True: "require", False: "never"}[resume])
     click.echo(f"MLflow run {result.run_id}: {result.tracking_uri}")
 
 

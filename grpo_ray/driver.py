@@ -15,13 +15,17 @@ Data flow per step (large arrays never pass through this process):
 
 Stages (POLARIS) run one after the other on the same actors: the next stage starts from the
 weights the last one ended with; each is a nested MLflow run with its own model and ledger.
+
+Checkpoints (every train.checkpoint_every steps and at the end of each stage) hold the learners'
+DeepSpeed state, the reference when it was refreshed, and the driver's Progress and batch-builder
+state; a run started on an output_dir with a checkpoint continues from it, in the same MLflow run.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,20 +34,26 @@ import torch
 
 from grpo_ray import interrupts
 from grpo_ray.algo.polaris import drop_easy
+from grpo_ray.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
+from grpo_ray.cluster.actors import ClusterError
 from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
-from grpo_ray.cluster.weights import WeightBroadcaster
+from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.run_setup import RunInputs, prepare_inputs
-from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, sample_rows, score_slices
+from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
 from grpo_ray.step_metrics import step_metrics
-from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri
+from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
 from grpo_ray.types import SamplingSettings
 from grpo_ray.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
 
-__all__ = ["NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
+__all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
+
+
+class NonFiniteUpdateError(RunStoppedError):
+    """Too many updates in a row were skipped for a NaN or infinite loss or gradient."""
 
 
 @dataclass(frozen=True)
@@ -69,19 +79,35 @@ class PhaseTimer:
         self.seconds[f"timing/{phase}"] = self.seconds.get(f"timing/{phase}", 0.0) + time.perf_counter() - started
 
 
-def train(cfg: Config, console: ConsoleReporter | None = None) -> TrainResult:
+def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "auto") -> TrainResult:
+    """Run the recipe; resume: "auto" (from the newest checkpoint in output_dir if any), "require"
+    (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside)."""
     plan_batches(cfg)
     inputs = prepare_inputs(cfg)  # checks paths, tokenises prompts: fails before any actor starts
     output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg))
+    checkpoints = output_dir / "checkpoints"
+    if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
+        console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
+    fingerprint = recipe_hash(config_to_dict(cfg))
+    resume_from = resume_point(checkpoints, resume, fingerprint)
+    state = read_state(resume_from) if resume_from else None
+    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
+    if state is not None and state.finished:
+        result = _already_finished(cfg, state, resume_from, tracking_uri, console)
+        console.close()
+        return result
     tracker = MlflowTracker(
-        cfg.tracking.tracking_uri or default_tracking_uri(output_dir),
-        cfg.tracking.experiment,
-        cfg.tracking.run_name,
+        tracking_uri, cfg.tracking.experiment, cfg.tracking.run_name,
         artifact_root=output_dir / "mlartifacts" if cfg.tracking.tracking_uri is None else None,
+        resume_run_id=state.run_id if state else None,
     )
-    tracker.log_config(flatten(config_to_dict(cfg)), config_to_dict(cfg))
+    if state is None:  # a resumed run has its params already
+        shown = redact_config(config_to_dict(cfg))
+        tracker.log_config(flatten(shown), shown)
     console.info(f"MLflow run {tracker.run_id} in {tracker.tracking_uri}")
+    if resume_from:
+        console.info(f"resuming from {resume_from} (step {state.step})")
     console.info(
         f"data: {len(inputs.train_prompts)} training and {len(inputs.eval_prompts)} evaluation prompts; skipped "
         f"{inputs.skipped_rows} unusable rows, {inputs.dropped_too_long} over data.max_prompt_tokens, "
@@ -94,7 +120,12 @@ def train(cfg: Config, console: ConsoleReporter | None = None) -> TrainResult:
                          + (f"; metrics {session.metrics_url}" if session.metrics_url else ""))
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
-            return _loop(Run(cfg, inputs, workers, tracker, console))
+            run = Run(cfg, inputs, workers, tracker, console, fingerprint)
+            progress = _restore(run, resume_from, state) if state else _start(run)
+            try:
+                return _loop(run, progress)
+            except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
+                raise type(err)(f"{err}; {_resume_hint(checkpoints)}") from None
     finally:
         console.close()
 
@@ -108,6 +139,7 @@ class Run:
     workers: Workers
     tracker: MlflowTracker
     console: ConsoleReporter
+    recipe_hash: str = ""
 
     def __post_init__(self) -> None:
         backend = "nccl" if torch.cuda.is_available() and self.cfg.rollout.num_gpus > 0 else "gloo"
@@ -118,44 +150,160 @@ class Run:
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 
 
-def _loop(run: Run) -> TrainResult:
+@dataclass
+class Progress:
+    """Where the run is; a checkpoint stores it (TrainerState) and a resume starts from it."""
+
+    step: int = 0
+    stage_index: int = 0  # the stage the next step belongs to
+    accuracy: dict[int, float] = field(default_factory=dict)
+    skipped_in_a_row: int = 0
+    nonfinite_in_a_row: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    open_stage_run: str | None = None  # a resumed run goes on logging into its stage's run
+
+
+def _start(run: Run) -> Progress:
+    stages = plan_stages(run.cfg)
+    accuracy = _evaluate(run, stages[0], step=0)
+    run.console.info(f"step 0: held-out accuracy {accuracy:.3f}")
+    return Progress(accuracy={0: accuracy})
+
+
+def _loop(run: Run, progress: Progress) -> TrainResult:
     cfg = run.cfg
     stages = plan_stages(cfg)
-    accuracy = {0: _evaluate(run, stages[0], step=0)}
-    run.console.info(f"step 0: held-out accuracy {accuracy[0]:.3f}")
-    step, metrics = 0, {}
-    for stage in stages:
-        run.tracker.start_stage(stage.name, asdict(stage))
-        run.console.info(f"stage {stage.name}: steps {stage.first_step}-{stage.last_step}, temperature "
-                         f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}")
-        skipped_in_a_row = 0
-        while step < stage.last_step:
+    for stage in stages[progress.stage_index:]:
+        _open_stage(run, stage, progress)
+        while progress.step < stage.last_step:
             interrupts.raise_if_requested()
-            metrics = _train_step(run, stage, step + 1)
+            metrics = _train_step(run, stage, progress.step + 1)
             if metrics is None:  # nothing to learn from in this batch: the step does not count
-                skipped_in_a_row += 1
-                if skipped_in_a_row >= cfg.train.max_skipped_batches:
-                    raise NothingToLearnError(_skip_message(cfg, skipped_in_a_row))
+                progress.skipped_in_a_row += 1
+                if progress.skipped_in_a_row >= cfg.train.max_skipped_batches:
+                    raise NothingToLearnError(_skip_message(cfg, progress.skipped_in_a_row))
                 continue
-            metrics["batch/skipped_before"] = float(skipped_in_a_row)
-            step, skipped_in_a_row = step + 1, 0
+            metrics["batch/skipped_before"] = float(progress.skipped_in_a_row)
+            progress.step, progress.skipped_in_a_row, progress.metrics = progress.step + 1, 0, metrics
+            step = progress.step
             run.tracker.log_metrics(step, metrics)
             run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
+            _count_skipped_update(run, progress)
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
+                progress.accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
             run.console.step(step, metrics)
             if cfg.reference.refresh_every and step % cfg.reference.refresh_every == 0:
                 _refresh_reference(run.workers)
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                _save_model(run.workers, run.output_dir / "checkpoints" / f"step_{step:06d}")
+            # The end of a stage has its own checkpoint, after drop-easy changed the prompts.
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < stage.last_step:
+                _checkpoint(run, progress)
         _finish_stage(run, stage, is_last=stage is stages[-1])
+        progress.stage_index += 1
+        if stage is not stages[-1]:
+            _checkpoint(run, progress)
 
+    step = progress.step
     model_dir = _save_model(run.workers, run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
-    run.console.info(f"done: held-out accuracy {accuracy[0]:.3f} -> {accuracy[step]:.3f}; model in {model_dir}")
-    return TrainResult(run.tracker.run_id, run.tracker.tracking_uri, step, accuracy, model_dir, metrics)
+    _checkpoint(run, progress, finished=True)
+    run.console.info(f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}")
+    return TrainResult(run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics)
+
+
+def _open_stage(run: Run, stage: StagePlan, progress: Progress) -> None:
+    if progress.open_stage_run is not None:
+        run.tracker.resume_stage(progress.open_stage_run)
+        progress.open_stage_run = None
+        return
+    run.tracker.start_stage(stage.name, asdict(stage))
+    run.console.info(f"stage {stage.name}: steps {stage.first_step}-{stage.last_step}, temperature "
+                     f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}")
+
+
+def _count_skipped_update(run: Run, progress: Progress) -> None:
+    """A NaN or infinite loss or gradient skipped the update (the learners left the weights as they
+    were); too many in a row means the run has diverged."""
+    if not progress.metrics.get("update/skipped"):
+        progress.nonfinite_in_a_row = 0
+        return
+    progress.nonfinite_in_a_row += 1
+    limit = run.cfg.train.max_nonfinite_updates
+    run.console.info(f"step {progress.step}: update skipped, the loss or a gradient was NaN or infinite "
+                     f"({progress.nonfinite_in_a_row} in a row, the run stops at {limit})")
+    if progress.nonfinite_in_a_row >= limit:
+        raise NonFiniteUpdateError(
+            f"the update was skipped {limit} steps in a row for a NaN or infinite loss or gradient (train.max_nonfinite_updates); "
+            f"lower learner.lr or check the rewards, and resume from the last checkpoint"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: written every train.checkpoint_every steps and at the end of each stage
+# ---------------------------------------------------------------------------------------------
+
+
+def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
+    workers = run.workers
+    reference_saved = workers.reference is not None and run.cfg.reference.refresh_every > 0
+    state = TrainerState(
+        step=progress.step, stage_index=progress.stage_index, run_id=run.tracker.run_id,
+        stage_run_id=run.tracker.stage_run_id, recipe_hash=run.recipe_hash, builder=run.builder.state_dict(),
+        accuracy={str(step): value for step, value in progress.accuracy.items()},
+        skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
+        last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
+    )
+
+    def write_parts(folder: Path) -> None:
+        calls = [learner.save_checkpoint.remote(str(folder / "learner")) for learner in workers.learners]
+        if reference_saved:  # refreshed from the policy: no longer the model the recipe names
+            calls.append(workers.reference.save_weights.remote(str(folder / "reference")))
+        ray.get(calls)
+
+    with _timed(progress.metrics, "timing/checkpoint"):
+        path = write_checkpoint(run.output_dir / "checkpoints", state, write_parts, run.cfg.train.keep_checkpoints)
+    run.console.info(f"step {progress.step}: checkpoint {path}")
+
+
+def _restore(run: Run, folder: Path, state: TrainerState) -> Progress:
+    """Load the checkpoint into the fresh actors; the rollout engines get its weights by a sync."""
+    workers = run.workers
+    calls = [learner.load_checkpoint.remote(str(folder / "learner")) for learner in workers.learners]
+    if state.reference_saved:
+        calls.append(workers.reference.load_saved_weights.remote(str(folder / "reference")))
+    ray.get(calls)
+    run.builder.load_state_dict(state.builder, run.inputs.train_prompts)
+    run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
+    return Progress(
+        step=state.step, stage_index=state.stage_index,
+        accuracy={int(step): value for step, value in state.accuracy.items()},
+        skipped_in_a_row=state.skipped_in_a_row, nonfinite_in_a_row=state.nonfinite_in_a_row,
+        metrics=dict(state.last_metrics), open_stage_run=state.stage_run_id,
+    )
+
+
+def _already_finished(cfg: Config, state: TrainerState, folder: Path, tracking_uri: str, console) -> TrainResult:
+    model_dir = Path(cfg.output_dir) / "model"
+    console.info(f"{cfg.output_dir} holds a run that finished at step {state.step} ({folder}); nothing to train. "
+                 "Set output_dir to a new folder, or pass --no-resume to train again from the start")
+    accuracy = {int(step): value for step, value in state.accuracy.items()}
+    return TrainResult(state.run_id, tracking_uri, state.step, accuracy,
+                       str(model_dir) if model_dir.is_dir() else None, dict(state.last_metrics))
+
+
+def _resume_hint(checkpoints: Path) -> str:
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
+        return "no checkpoint was written yet (train.checkpoint_every), so a new run starts from the beginning"
+    return f"run the same command again to resume from {latest}"
+
+
+@contextmanager
+def _timed(metrics: dict[str, float], key: str):
+    started = time.perf_counter()
+    yield
+    metrics[key] = time.perf_counter() - started
 
 
 def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | None:
@@ -203,7 +351,7 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
     builder.ledger.save(folder / "ledger.jsonl")
     run.tracker.log_stage_artifact(folder / "ledger.jsonl")
     model_dir = _save_model(run.workers, folder / "model")
-    run.tracker.client.set_tag(run.tracker.stage_run_id, "grpo_ray.model_dir", model_dir or "")
+    run.tracker.set_stage_tag("grpo_ray.model_dir", model_dir or "")
     threshold = cfg.polaris.drop_easy_threshold
     if threshold is not None and not is_last:
         prompts = builder.stream.prompts

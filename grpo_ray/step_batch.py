@@ -179,6 +179,37 @@ class BatchBuilder:
             return None
         return train.select(result.row_order).with_group_ids(result.new_group_ids)
 
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to draw the same batches (JSON): the data cursor and the
+        prompts still in play (drop-easy shrinks them), the sampling-seed counter (the rollout
+        engines' only randomness), substitution's RNG, the ledger, rescue buffer and failure window."""
+        return {
+            "stream": {**self.stream.state(), "uids": [p.uid for p in self.stream.prompts]},
+            "batches_drawn": self.batches_drawn,
+            "rng": self.rng.bit_generator.state,
+            "ledger": self.ledger.state_dict(),
+            "rescue": self.rescue.state_dict(),
+            "failures": self.failures.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict, all_prompts: list[Prompt]) -> None:
+        stream = state["stream"]
+        in_play = set(stream["uids"])
+        prompts = [p for p in all_prompts if p.uid in in_play]
+        if len(prompts) != len(in_play):
+            raise RunStoppedError(
+                f"the checkpoint's data cursor names {len(in_play)} prompts, {len(prompts)} of them are in this "
+                "run's data; resume with the data files the run started with"
+            )
+        self.stream = PromptStream(prompts, seed=self.cfg.seed, epoch=stream["epoch"], position=stream["position"])
+        self.batches_drawn = int(state["batches_drawn"])
+        self.rng.bit_generator.state = state["rng"]
+        self.ledger.load_state_dict(state["ledger"])
+        self.rescue.load_state_dict(state["rescue"])
+        self.failures.load_state_dict(state["failures"])
+
 
 @ray.remote(num_cpus=0)
 def read_responses(batch, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:

@@ -33,7 +33,8 @@ def default_tracking_uri(output_dir: Path) -> str:
 class MlflowTracker:
     """One MLflow run per training run; metrics are logged in batches per step."""
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None, artifact_root: Path | None):
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None, artifact_root: Path | None,
+                 resume_run_id: str | None = None):
         # MLflow's file store refuses to work without this; harmless for other stores.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
@@ -47,13 +48,16 @@ class MlflowTracker:
         else:
             experiment_id = found.experiment_id
         self.experiment_id = experiment_id
+        self.stage_run_id: str | None = None  # the open stage's nested run, if any
+        if resume_run_id is not None:  # a resumed run goes on logging into the run it started
+            self.run_id = resume_run_id
+            self.client.update_run(resume_run_id, status="RUNNING")
+            return
         tags = {"grpo_ray.version": __version__, "grpo_ray.command": " ".join(sys.argv[:3])}
         commit = _git_commit()
         if commit:
             tags["mlflow.source.git.commit"] = commit
-        self.run = self.client.create_run(experiment_id, run_name=run_name, tags=tags)
-        self.run_id = self.run.info.run_id
-        self.stage_run_id: str | None = None  # the open stage's nested run, if any
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
 
     def log_config(self, flat_params: dict[str, Any], config_dict: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -95,6 +99,14 @@ class MlflowTracker:
         self.stage_run_id = run.info.run_id
         self.client.log_batch(self.stage_run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
         return self.stage_run_id
+
+    def resume_stage(self, stage_run_id: str) -> None:
+        self.stage_run_id = stage_run_id
+        self.client.update_run(stage_run_id, status="RUNNING")
+
+    def set_stage_tag(self, key: str, value: str) -> None:
+        if self.stage_run_id is not None:
+            self.client.set_tag(self.stage_run_id, key, value)
 
     def log_stage_artifact(self, path: Path) -> None:
         if self.stage_run_id is not None:
@@ -139,6 +151,24 @@ def _git_commit() -> str | None:
 
 def redact_secrets(env: dict[str, str]) -> dict[str, str]:
     return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in env.items()}
+
+
+def redact_config(value: Any, environ: dict[str, str] | None = None) -> Any:
+    """The config as MLflow may see it: values under secret-looking keys (api_key, token, ...)
+    and any string equal to the value of a secret-looking environment variable become "***"."""
+    environ = os.environ if environ is None else environ
+    secrets = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= 4}
+
+    def walk(item: Any, key: str = "") -> Any:
+        if isinstance(item, dict):
+            return {k: walk(v, str(k)) for k, v in item.items()}
+        if isinstance(item, list):
+            return [walk(v, key) for v in item]
+        if isinstance(item, str) and (item in secrets or (_SECRET_NAME.search(key) and item)):
+            return "***"
+        return item
+
+    return walk(value)
 
 
 class ConsoleReporter:

@@ -94,6 +94,11 @@ def run_update(
         )
         calls.append(learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else [])))
     try:
+        # The first failure ends the wait: a dead rank leaves the others blocked in a collective.
+        pending = list(calls)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
         return ray.get(calls)
     except ray.exceptions.RayError as err:
         raise ClusterError(f"learner update failed at step {step}: {error_line(err)}") from None

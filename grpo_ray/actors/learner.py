@@ -11,6 +11,7 @@ ranks are then exactly those of the full batch on one rank, whatever the split.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ class LearnerWorker:
             model = apply_lora(model, s.lora_rank, s.lora_alpha, s.lora_dropout, s.lora_target_modules)
         trainable = [p for p in model.parameters() if p.requires_grad]
         # torch's AdamW as the client optimizer: DeepSpeedCPUAdam compiles for ~45 s on first use.
-        optimizer = torch.optim.AdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
+        optimizer = SkipNonFiniteAdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
         ds_config = {
             "train_micro_batch_size_per_gpu": s.micro_batch_size,
             "gradient_accumulation_steps": s.grad_accum_steps,
@@ -112,8 +113,11 @@ class LearnerWorker:
             "fp16": {"enabled": s.dtype == "float16"},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
+            # SkipNonFiniteAdamW is torch.optim.AdamW with a guard; DeepSpeed checks the class by name.
+            "zero_allow_untested_optimizer": True,
         }
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        self.engine.checkpoint_engine = _safe_checkpoint_engine()
         self.tokenizer = load_tokenizer(s.tokenizer_path)
 
     @property
@@ -130,6 +134,7 @@ class LearnerWorker:
         here, on the learner, and the driver never holds them.
         """
         started = time.perf_counter()
+        skipped_before = self.engine.skipped_steps
         k = len(shard.advantages)
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
@@ -188,8 +193,11 @@ class LearnerWorker:
             name: total / (len(micro_batches) if name.startswith("mismatch/") else num_micro)
             for name, total in sums.items()
         }
+        # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
+        # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
+        metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
         grad_norm = self.engine.get_global_grad_norm()
-        if grad_norm is not None:
+        if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)
         return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
 
@@ -253,6 +261,23 @@ class LearnerWorker:
             return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
         return contextlib.nullcontext()
 
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Model, optimizer and DeepSpeed counters (every rank writes its part), and this rank's RNG.
+        Collective: every rank calls it."""
+        self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
+        torch.save({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
+
+    def load_checkpoint(self, folder: str) -> None:
+        """Every rank calls it; files are read with weights_only=True (see grpo_ray.checkpoint)."""
+        from grpo_ray.checkpoint import CheckpointError, load_tensors
+
+        loaded, _ = self.engine.load_checkpoint(folder, tag="deepspeed", load_module_strict=True)
+        if loaded is None:
+            raise CheckpointError(f"{folder} holds no DeepSpeed checkpoint of learner rank {self.rank}")
+        torch.set_rng_state(load_tensors(os.path.join(folder, f"rng_rank{self.rank}.pt"))["cpu"])
+
     # -- saving ----------------------------------------------------------------------------------
 
     def save_model(self, path: str) -> str | None:
@@ -264,6 +289,38 @@ class LearnerWorker:
                 self.tokenizer.save_pretrained(path)
                 return path
         return None
+
+
+class SkipNonFiniteAdamW(torch.optim.AdamW):
+    """AdamW that leaves the weights alone when a gradient is NaN or infinite.
+
+    Without ZeRO, DeepSpeed hands the step straight to the client optimizer, which would write the
+    NaNs into the weights; it reads `overflow` afterwards and counts the step as skipped (as its
+    ZeRO optimizers do on their own).
+    """
+
+    overflow = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.overflow = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        if self.overflow:
+            return None
+        return super().step(closure)
+
+
+def _safe_checkpoint_engine():
+    """DeepSpeed's torch checkpoint engine, loading with weights_only=True (its own load does not)."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from grpo_ray.checkpoint import load_tensors
+
+    class SafeCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            return load_tensors(path, map_location)
+
+    return SafeCheckpointEngine()
 
 
 def _concat_rows(

@@ -8,6 +8,8 @@ driver copies the policy's weights in every N steps (`load_weights`).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -46,6 +48,18 @@ class ReferenceWorker:
         ref = torch.from_numpy(self.logprobs(batch, temperature))
         kl = sequence_kl(torch.from_numpy(batch.rollout_logprobs), ref, torch.from_numpy(batch.completion_mask), estimator)
         return kl.double().numpy()
+
+    def save_weights(self, folder: str) -> None:
+        """For checkpoints once the reference was refreshed from the policy (safetensors: no pickle)."""
+        from safetensors.torch import save_model
+
+        os.makedirs(folder, exist_ok=True)
+        save_model(self.model, os.path.join(folder, "model.safetensors"))
+
+    def load_saved_weights(self, folder: str) -> None:
+        from safetensors.torch import load_model
+
+        load_model(self.model, os.path.join(folder, "model.safetensors"))
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> int:
         """Replace the reference weights with the policy's (names as the learner exports them)."""

@@ -246,8 +246,13 @@ class TrainConfig(_Section):
     steps: int = Field(100, ge=1)
     # Evaluate held-out accuracy every N steps (and always before the first and after the last); 0: only those two.
     eval_every: int = Field(0, ge=0)
-    # Save a checkpoint every N steps (and at the end); 0: only at the end.
+    # Save a checkpoint every N steps; one is always saved at the end of each stage (and of the run).
+    # A run started on an output_dir that holds one continues from it (see `grpo-ray train --help`).
     checkpoint_every: int = Field(0, ge=0)
+    # Checkpoints kept on disk (the newest ones); older ones are deleted once a new one is complete.
+    keep_checkpoints: int = Field(3, ge=1)
+    # Stop with an error after this many updates in a row were skipped for a NaN or infinite loss or gradient.
+    max_nonfinite_updates: int = Field(3, ge=1)
     # Stop with an error after this many batches in a row had nothing to learn from and were skipped
     # (polaris.substitution found too few informative groups; dynamic sampling found none).
     max_skipped_batches: int = Field(20, ge=1)

@@ -33,6 +33,15 @@ class FailureMonitor:
         for name, error in first_errors.items():
             self._first_errors.setdefault(name, error)
 
+    def state_dict(self) -> dict:
+        return {"steps": [[step.failures, step.completions] for step in self._steps], "first_errors": dict(self._first_errors)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._steps.clear()
+        for failures, completions in state["steps"]:
+            self._steps.append(_Step(dict(failures), int(completions)))
+        self._first_errors = dict(state["first_errors"])
+
     def rates(self) -> dict[str, float]:
         total = sum(step.completions for step in self._steps)
         names = {name for step in self._steps for name in step.failures}

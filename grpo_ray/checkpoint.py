@@ -1,0 +1,214 @@
+"""Checkpoints on disk: atomic writes, the last K kept, the newest complete one found again.
+
+    output_dir/checkpoints/
+      step_000020/             complete: renamed into place only after every part was written
+        state.json             the driver's state (step, stage, data cursor, MLflow run ids, ...)
+        learner/               DeepSpeed checkpoint of every learner rank (model, optimizer, RNG)
+        reference/             the reference model, only once it was refreshed from the policy
+      .step_000030.partial/    being written (or left by a crash): never read, removed on the next write
+
+A crash or a full disk mid-write leaves the previous checkpoint as it was. Loading never unpickles
+arbitrary objects: state is JSON, tensors are read with `torch.load(weights_only=True)` and the
+few plain DeepSpeed classes its optimizer state holds are allowlisted by name.
+
+No Ray here: the driver passes a function that makes the actors write their parts into the folder.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STATE_FILE = "state.json"
+_NAME = re.compile(r"^step_(\d{6,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read; one line that names the folder and what to do."""
+
+
+@dataclass
+class TrainerState:
+    """What the driver needs to continue exactly where a checkpoint was taken (JSON as is)."""
+
+    step: int
+    stage_index: int  # the stage the next step belongs to
+    run_id: str  # MLflow training run: a resumed run logs into it
+    stage_run_id: str | None  # the open stage's nested run; None when the next stage starts fresh
+    recipe_hash: str  # recipe_hash() of the config that wrote it
+    builder: dict[str, Any]  # BatchBuilder.state_dict(): data cursor, ledger, rescue buffer, RNG
+    accuracy: dict[str, float] = field(default_factory=dict)  # step (as text) -> held-out accuracy
+    skipped_in_a_row: int = 0
+    nonfinite_in_a_row: int = 0
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    finished: bool = False  # written after the last step: nothing left to train
+    reference_saved: bool = False
+
+
+def recipe_hash(config_dict: dict[str, Any]) -> str:
+    """Hash of the recipe without its `ray` section: a retried job may run on another cluster."""
+    recipe = {key: value for key, value in config_dict.items() if key != "ray"}
+    return hashlib.sha256(yaml.safe_dump(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if checkpoint_step(p) is not None and (p / STATE_FILE).is_file()]
+    return sorted(found, key=checkpoint_step)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def write_checkpoint(root: Path, state: TrainerState, write_parts: Callable[[Path], None], keep: int) -> Path:
+    """Write `state` and the actors' parts into a partial folder, rename it into place, keep `keep`.
+
+    write_parts(folder) writes everything but state.json (the learners' and reference's files).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{state.step:06d}"
+    partial = root / f".{final.name}.partial"
+    previous = latest_checkpoint(root)
+    try:
+        for stale in root.glob(".step_*.partial"):
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir()
+        write_parts(partial)
+        _write_json(partial / STATE_FILE, asdict(state))
+        if final.exists():  # the same step again (a stage ended on a checkpoint step): replace it
+            shutil.rmtree(final)
+        os.rename(partial, final)
+    except BaseException as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        failure = os_error(err)
+        if failure is None:
+            raise
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        if failure.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"no space left on the device while writing checkpoint step {state.step} under {root}; {kept}; "
+                "free disk space or lower train.keep_checkpoints, then resume"
+            ) from None
+        raise CheckpointError(
+            f"could not write checkpoint step {state.step} under {root}: {failure.strerror or failure}; {kept}"
+        ) from None
+    for old in complete_checkpoints(root)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_state(folder: Path) -> TrainerState:
+    try:
+        data = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
+        return TrainerState(**data)
+    except (OSError, ValueError, TypeError) as err:
+        raise CheckpointError(f"{folder / STATE_FILE} cannot be read ({err}); remove that checkpoint folder to resume from the one before") from None
+
+
+def set_aside(root: Path, suffix: str) -> Path | None:
+    """Move an existing checkpoints folder out of the way (a fresh run must not resume from it,
+    nor delete it): returns where it went."""
+    if not root.exists():
+        return None
+    target = root.with_name(f"{root.name}.replaced-{suffix}")
+    os.rename(root, target)
+    return target
+
+
+def os_error(err: BaseException) -> OSError | None:
+    """The OSError behind an exception, also when Ray wrapped it on its way from an actor."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        err = getattr(err, "cause", None) or err.__cause__
+        seen += 1
+    return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        json.dump(data, out)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+# ------------------------------------------------------------------ safe loading of tensor files
+
+# DeepSpeed's ZeRO optimizer state names these plain classes; nothing else may be unpickled.
+SAFE_DEEPSPEED_GLOBALS = (
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+)
+
+
+def safe_globals() -> list[Any]:
+    import importlib
+
+    found = []
+    for name in SAFE_DEEPSPEED_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        try:
+            found.append(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError):  # another DeepSpeed version: the load says what is missing
+            continue
+    return found
+
+
+def load_tensors(path: str | os.PathLike[str], map_location: Any = None) -> Any:
+    """torch.load with weights_only=True (tensors, containers, numbers and the allowlist above)."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:
+        if os_error(err) is not None:
+            raise
+        reason = str(err).splitlines()
+        detail = next((line.strip() for line in reason if "Unsupported global" in line), reason[0] if reason else "")
+        raise CheckpointError(f"{path} holds more than tensors and plain data, refused ({detail})") from None
+
+
+def resume_point(root: Path, mode: str, expected_hash: str) -> Path | None:
+    """The checkpoint a run continues from, or None for a fresh start.
+
+    mode "auto": the newest complete checkpoint if there is one (a retried Ray job continues);
+    "require" (--resume): one must exist; "never" (--no-resume): start fresh, after moving an
+    existing checkpoints folder aside (`checkpoints.replaced-<time>`), never deleting it.
+    """
+    if mode == "never":
+        return None
+    latest = latest_checkpoint(root)
+    if latest is None:
+        if mode == "require":
+            raise CheckpointError(f"--resume: there is no complete checkpoint under {root} to resume from")
+        return None
+    found = read_state(latest).recipe_hash
+    if found != expected_hash:
+        raise CheckpointError(
+            f"{latest} was written by a different recipe (hash {found}, this one {expected_hash}); resume with the "
+            "recipe the run started with, set output_dir to a new folder, or pass --no-resume to start over"
+        )
+    return latest
