@@ -176,6 +176,16 @@ def safe_globals() -> list[Any]:
     return found
 
 
+def save_tensors(value: Any, path: str | os.PathLike[str]) -> None:
+    """torch.save in the legacy format, written through Python's file object: a full disk then
+    raises OSError(ENOSPC), where the zip writer raises a RuntimeError that does not say why.
+    DeepSpeed's checkpoint engine writes this format too."""
+    import torch
+
+    with open(path, "wb") as out:
+        torch.save(value, out, _use_new_zipfile_serialization=False)
+
+
 def load_tensors(path: str | os.PathLike[str], map_location: Any = None) -> Any:
     """torch.load with weights_only=True (tensors, containers, numbers and the allowlist above)."""
     import torch

@@ -35,7 +35,7 @@ import torch
 from grpo_ray import interrupts
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
-from grpo_ray.cluster.actors import ClusterError
+from grpo_ray.cluster.actors import ClusterError, error_line
 from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
@@ -126,6 +126,8 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                 return _loop(run, progress)
             except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
                 raise type(err)(f"{err}; {_resume_hint(checkpoints)}") from None
+            except ray.exceptions.RayError as err:
+                raise ClusterError(f"an actor failed: {error_line(err)}; {_resume_hint(checkpoints)}") from None
     finally:
         console.close()
 
@@ -188,7 +190,7 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
             step = progress.step
             run.tracker.log_metrics(step, metrics)
             run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
-            _count_skipped_update(run, progress)
+            _count_skipped_update(progress, cfg.train.max_nonfinite_updates, run.console)
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
@@ -222,15 +224,14 @@ def _open_stage(run: Run, stage: StagePlan, progress: Progress) -> None:
                      f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}")
 
 
-def _count_skipped_update(run: Run, progress: Progress) -> None:
+def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReporter) -> None:
     """A NaN or infinite loss or gradient skipped the update (the learners left the weights as they
-    were); too many in a row means the run has diverged."""
+    were); `limit` in a row means the run has diverged."""
     if not progress.metrics.get("update/skipped"):
         progress.nonfinite_in_a_row = 0
         return
     progress.nonfinite_in_a_row += 1
-    limit = run.cfg.train.max_nonfinite_updates
-    run.console.info(f"step {progress.step}: update skipped, the loss or a gradient was NaN or infinite "
+    console.info(f"step {progress.step}: update skipped, the loss or a gradient was NaN or infinite "
                      f"({progress.nonfinite_in_a_row} in a row, the run stops at {limit})")
     if progress.nonfinite_in_a_row >= limit:
         raise NonFiniteUpdateError(

@@ -16,6 +16,7 @@ Decisions are made on the small arrays of `StepRows`; token arrays stay in the o
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -94,6 +95,8 @@ class BatchBuilder:
         if train is not None and cfg.polaris.substitution:
             train = self._substitute(train, metrics)
         metrics["polaris/ledger_prompts"] = float(len(self.ledger))
+        # Two runs drew the same prompts in the same order at this step exactly when these agree.
+        metrics["batch/prompt_digest"] = float(zlib.crc32(generated.prompt_uids.astype(np.int64).tobytes()))
         self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
         return self.last_batch
 

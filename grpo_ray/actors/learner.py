@@ -266,8 +266,10 @@ class LearnerWorker:
     def save_checkpoint(self, folder: str) -> None:
         """Model, optimizer and DeepSpeed counters (every rank writes its part), and this rank's RNG.
         Collective: every rank calls it."""
+        from grpo_ray.checkpoint import save_tensors
+
         self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
-        torch.save({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
+        save_tensors({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, folder: str) -> None:
         """Every rank calls it; files are read with weights_only=True (see grpo_ray.checkpoint)."""

@@ -209,3 +209,36 @@ def test_second_pass_uses_rollout_logprobs_as_pi_old(local_ray, step_batch):
     # update the policy has moved away from the rollout-time log-probs.
     assert ratios[1] == 1.0
     assert abs(ratios[2] - 1.0) > 1e-4
+
+
+@pytest.mark.parametrize("zero_stage", [0, 2])
+def test_a_nan_loss_skips_the_update_and_a_checkpoint_restores_model_and_optimizer(local_ray, step_batch, tmp_path, zero_stage):
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    rows = np.arange(batch.num_rows)
+    good = shard_for(batch, advantages, rows)
+    poisoned = LearnerShard(**{**good.__dict__, "advantages": [np.full(batch.num_rows, np.nan, dtype=np.float32)]})
+    placement, learners = start_learner_group(ray, make_cfg(learner={"zero_stage": zero_stage}))
+    learner = learners[0]
+    try:
+        ray.get(learner.train_step.remote(good, batch))  # optimizer state to save
+        before = ray.get(learner.parameters_snapshot.remote())
+        stats = ray.get(learner.train_step.remote(poisoned, batch))
+        assert stats.metrics["update/skipped"] == 1.0
+        after = ray.get(learner.parameters_snapshot.remote())
+        assert all(np.array_equal(before[n], after[n]) for n in before), "a NaN loss must leave the weights as they were"
+
+        ray.get(learner.save_checkpoint.remote(str(tmp_path / "learner")))
+        stats = ray.get(learner.train_step.remote(good, batch))
+        assert stats.metrics["update/skipped"] == 0.0
+        expected = ray.get(learner.parameters_snapshot.remote())
+        assert max(float(np.abs(expected[n] - before[n]).max()) for n in before) > 1e-5
+        # Back to the checkpoint: the same step from there lands on the same weights (Adam's moments restored too).
+        ray.get(learner.load_checkpoint.remote(str(tmp_path / "learner")))
+        assert all(np.array_equal(before[n], v) for n, v in ray.get(learner.parameters_snapshot.remote()).items())
+        ray.get(learner.train_step.remote(good, batch))
+        again = ray.get(learner.parameters_snapshot.remote())
+        assert all(np.array_equal(expected[n], again[n]) for n in expected)
+    finally:
+        ray.kill(learner)
+        placement.remove()

@@ -1,0 +1,127 @@
+"""Runs killed from outside (SIGKILL) and resumed: exactly the run that was not killed.
+
+Run A goes straight; run B is killed, then started again with the same command and continues
+from its last checkpoint, in the same MLflow run.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from mlflow.tracking import MlflowClient
+
+from grpo_ray.config import load_config
+from grpo_ray.driver import train
+
+from .conftest import ray_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+SHORT = ["train.steps=4", "train.checkpoint_every=2", "data.eval_limit=20"]
+
+
+def command(output_dir: Path, *extra: str) -> list[str]:
+    sets = [arg for item in [f"output_dir={output_dir}", *SHORT] for arg in ("--set", item)]
+    return [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets, *extra]
+
+
+def start(output_dir: Path, log: Path) -> subprocess.Popen:
+    # Its own session: SIGKILL to the group takes the driver and the local Ray it started, as a
+    # lost machine or a killed job would.
+    return subprocess.Popen(command(output_dir), cwd=ROOT, start_new_session=True, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path.name}: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.2)
+
+
+def per_step(tracking_uri: str, run_id: str, key: str) -> dict[int, float]:
+    """The last value logged at each step (a step cut short by the kill may be logged twice)."""
+    history = MlflowClient(tracking_uri).get_metric_history(run_id, key)
+    return {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+
+
+def top_level_runs(output_dir: Path):
+    client = MlflowClient(f"sqlite:///{output_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
+    return [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
+
+
+def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path):
+    straight = train(load_config(TINY, [f"output_dir={tmp_path / 'a'}", *SHORT]))
+
+    b, log = tmp_path / "b", tmp_path / "b.log"
+    proc = start(b, log)
+    wait_for(b / "checkpoints" / "step_000002" / "state.json", proc, log)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = subprocess.run(command(b), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resuming from {b / 'checkpoints' / 'step_000002'} (step 2)" in resumed.stdout
+
+    # One training run in B's store, finished, holding every step of both processes.
+    (run,) = top_level_runs(b)
+    assert run.info.status == "FINISHED"
+    uri = f"sqlite:///{b / 'mlflow.db'}"
+    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"):
+        want = per_step(straight.tracking_uri, straight.run_id, key)
+        got = per_step(uri, run.info.run_id, key)
+        assert sorted(got) == sorted(want) == [1, 2, 3, 4], key
+        for step in want:
+            assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} vs {want[step]}"
+    assert per_step(uri, run.info.run_id, "eval/accuracy")[4] == straight.eval_accuracy[4]
+    # The run is complete: the same command again trains nothing.
+    again = subprocess.run(command(b), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "holds a run that finished at step 4" in again.stdout
+    assert not ray_processes()
+
+
+def test_a_killed_learner_stops_the_run_with_a_clear_message_and_resume_finishes_it(tmp_path):
+    out, log = tmp_path / "c", tmp_path / "c.log"
+    proc = start(out, log)
+    wait_for(out / "checkpoints" / "step_000002" / "state.json", proc, log)
+    learners = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                if any("LearnerWorker" in part for part in p.cmdline())]
+    assert len(learners) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
+    learners[0].send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=300) == 1
+    lines = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, log.read_text()[-3000:]
+    assert "run the same command again to resume from" in lines[0] and "step_00000" in lines[0]
+
+    resumed = subprocess.run(command(out, "--resume"), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    (run,) = top_level_runs(out)
+    assert run.info.status == "FINISHED"
+    assert max(per_step(f"sqlite:///{out / 'mlflow.db'}", run.info.run_id, "loss/total")) == 4
+    assert not ray_processes()
+
+
+def test_resume_without_a_checkpoint_is_one_line(tmp_path):
+    result = subprocess.run(command(tmp_path / "d", "--resume"), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: --resume: there is no complete checkpoint under {tmp_path / 'd' / 'checkpoints'} to resume from"
+    ]
+
+
+def test_no_resume_starts_over_and_keeps_the_old_checkpoints(tmp_path):
+    out = tmp_path / "e"
+    old = out / "checkpoints" / "step_000002"
+    old.mkdir(parents=True)
+    (old / "state.json").write_text("{}")
+    result = subprocess.run(command(out, "--no-resume", "--set", "train.steps=1"), cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    moved = [p for p in out.iterdir() if p.name.startswith("checkpoints.replaced-")]
+    assert len(moved) == 1 and (moved[0] / "step_000002" / "state.json").read_text() == "{}"
+    assert (out / "checkpoints" / "step_000001" / "state.json").exists()
