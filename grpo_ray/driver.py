@@ -262,8 +262,9 @@ def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
             calls.append(workers.reference.save_weights.remote(str(folder / "reference")))
         ray.get(calls)
 
-    with _timed(progress.metrics, "timing/checkpoint"):
-        path = write_checkpoint(run.output_dir / "checkpoints", state, write_parts, run.cfg.train.keep_checkpoints)
+    started = time.perf_counter()
+    path = write_checkpoint(run.output_dir / "checkpoints", state, write_parts, run.cfg.train.keep_checkpoints)
+    run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
     run.console.info(f"step {progress.step}: checkpoint {path}")
 
 
@@ -298,13 +299,6 @@ def _resume_hint(checkpoints: Path) -> str:
     if latest is None:
         return "no checkpoint was written yet (train.checkpoint_every), so a new run starts from the beginning"
     return f"run the same command again to resume from {latest}"
-
-
-@contextmanager
-def _timed(metrics: dict[str, float], key: str):
-    started = time.perf_counter()
-    yield
-    metrics[key] = time.perf_counter() - started
 
 
 def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | None:
