@@ -5,6 +5,7 @@ from its last checkpoint, in the same MLflow run.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,9 +120,22 @@ def test_no_resume_starts_over_and_keeps_the_old_checkpoints(tmp_path):
     old = out / "checkpoints" / "step_000002"
     old.mkdir(parents=True)
     (old / "state.json").write_text("{}")
-    result = subprocess.run(command(out, "--no-resume", "--set", "train.steps=1"), cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    proc = subprocess.Popen(command(out, "--no-resume", "--set", "train.steps=1", "--set", "ray.dashboard=true"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    # While it runs: the dashboard of the local Ray it started listens on 127.0.0.1 only.
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if match := re.search(r"Ray dashboard http://([\d.]+):(\d+)", line):
+            port = int(match.group(2))
+            listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
+            assert match.group(1) == "127.0.0.1" and listening == {"127.0.0.1"}, listening
+            break
+    else:
+        raise AssertionError("".join(lines)[-2000:])
+    lines.extend(proc.stdout)
+    assert proc.wait(timeout=300) == 0, "".join(lines)[-2000:]
     moved = [p for p in out.iterdir() if p.name.startswith("checkpoints.replaced-")]
     assert len(moved) == 1 and (moved[0] / "step_000002" / "state.json").read_text() == "{}"
     assert (out / "checkpoints" / "step_000001" / "state.json").exists()
