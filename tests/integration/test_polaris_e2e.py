@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.algo.polaris import PromptLedger
+from grpo_ray.checkpoint import read_state
 from grpo_ray.config import config_from_dict
 from grpo_ray.driver import train
 from grpo_ray.models.tiny import ensure_tiny_artifacts
@@ -100,6 +101,14 @@ def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
     assert dropped == {5: float(len(easy))} and 0 < len(easy) < 40
     assert all(s2.count(uid) == s1.count(uid) for uid in easy), "a dropped prompt was sampled in stage s2"
     assert any(s2.count(uid) > s1.count(uid) for uid in s2.uids()), "stage s2 recorded nothing"
+
+    # A checkpoint at the end of each stage: after s1 it starts s2 with the prompts drop-easy kept,
+    # the ledger and the rescue buffer; the last one marks the run finished.
+    first, last = (read_state(tmp_path / "checkpoints" / f"step_00000{n}") for n in (5, 7))
+    assert (first.stage_index, first.stage_run_id, first.finished) == (1, None, False)
+    assert sorted(first.builder["stream"]["uids"]) == sorted(set(range(40)) - easy)
+    assert first.builder["ledger"] == s1.state_dict() and len(first.builder["rescue"]["responses"]) > 0
+    assert last.finished and last.run_id == result.run_id and last.builder["ledger"] == s2.state_dict()
 
 
 def test_kl_in_the_reward_with_reference_refresh_and_dynamic_sampling(tmp_path, polaris_jsonl):
