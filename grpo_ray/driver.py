@@ -37,6 +37,7 @@ from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
 from grpo_ray.cluster.actors import ClusterError, error_line
 from grpo_ray.cluster.ray_metrics import StepGauges
+from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
@@ -147,7 +148,11 @@ class Run:
         backend = "nccl" if torch.cuda.is_available() and self.cfg.rollout.num_gpus > 0 else "gloo"
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
                                       self.cfg.weight_sync.timeout_s, backend)
-        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed))
+        recovery = WorkerRecovery(
+            self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
+            resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
+        )
+        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery)
         self.output_dir = Path(self.cfg.output_dir)
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 

@@ -12,6 +12,8 @@ In order, each a config switch:
    informative ones, or the batch is skipped.
 Every generated row, trained on or not, updates the per-prompt ledger and the rescue buffer.
 Decisions are made on the small arrays of `StepRows`; token arrays stay in the object store.
+A rollout or reward worker that dies mid-batch is replaced (cluster/recovery.py) and only what it
+held is issued again, with the same sampling seed: the batch is the one an unhurt run draws.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
 from grpo_ray.batching import KeptResponse, StepRows, read_response
+from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
@@ -55,10 +58,12 @@ class StepBatch:
 
 
 class BatchBuilder:
-    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream):
+    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream, recovery: WorkerRecovery | None = None):
         self.cfg = cfg
         self.workers = workers
         self.stream = stream
+        self.recovery = recovery  # brings back a rollout or reward worker that died mid-step
+        self.reissued_prompts = 0
         self.plan = plan_batches(cfg)
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
         self.ledger = PromptLedger()
@@ -73,6 +78,7 @@ class BatchBuilder:
         refs: list = []
         slice_rows: list[int] = []
         generations: list[StepRows] = []
+        faults_before = (dict(self.recovery.replaced) if self.recovery else {}, self.reissued_prompts)
         accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
         while True:
             # Group ids run on across tries, so groups of different tries never merge.
@@ -95,6 +101,10 @@ class BatchBuilder:
         if train is not None and cfg.polaris.substitution:
             train = self._substitute(train, metrics)
         metrics["polaris/ledger_prompts"] = float(len(self.ledger))
+        if self.recovery is not None:
+            for role in ("rollout", "reward"):
+                metrics[f"faults/{role}_replaced"] = float(self.recovery.replaced[role] - faults_before[0].get(role, 0))
+            metrics["faults/reissued_prompts"] = float(self.reissued_prompts - faults_before[1])
         # Two runs drew the same prompts in the same order at this step exactly when these agree.
         metrics["batch/prompt_digest"] = float(zlib.crc32(generated.prompt_uids.astype(np.int64).tobytes()))
         self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
@@ -111,11 +121,11 @@ class BatchBuilder:
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         with timer("rollout"):
-            new_refs = rank_major(rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset))
-            ray.wait(new_refs, num_returns=len(new_refs), fetch_local=False)
-        rows_per_slice = len(prompts) * sampling.samples_per_prompt // len(new_refs)
+            per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset)
+            ray.wait(rank_major(per_worker), num_returns=len(workers.learners) * len(workers.rollouts), fetch_local=False)
+        rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
         with timer("reward"):
-            scored = score_slices(workers, self.cfg, new_refs, [rows_per_slice] * len(new_refs))
+            new_refs, scored = self._score_all(per_worker, prompts, sampling, group_offset, rows_per_slice)
             self.failures.record(*failure_counts(scored))
             if (stop := self.failures.check()) is not None:
                 raise RewardFailureError(stop)
@@ -123,6 +133,34 @@ class BatchBuilder:
         slice_rows.extend([rows_per_slice] * len(new_refs))
         rewards, weights = shape_rewards(self.cfg, scored, sampling.max_new_tokens)
         return StepRows.from_scored(scored, rewards, weights, first_source)
+
+    def _score_all(self, per_worker: list[list], prompts: list[Prompt], sampling: SamplingSettings, group_offset: int,
+                   rows_per_slice: int) -> tuple[list, list[ScoredSlice]]:
+        """Score every slice. A rollout worker that died is replaced (WorkerRecovery) and only its
+        share of the prompts is generated again, with the same seed; a reward worker that died is
+        replaced and the slices not yet scored are scored again. Every prompt's group is then in
+        the batch exactly once."""
+        scored: dict[int, ScoredSlice] = {}
+        while True:
+            refs = rank_major(per_worker)
+            tasks = {i: score_tasks(self.workers, ref, rows_per_slice) for i, ref in enumerate(refs) if i not in scored}
+            try:
+                for i, slice_tasks in tasks.items():
+                    scored[i] = collect_scores(self.cfg, slice_tasks)
+                return refs, [scored[i] for i in range(len(refs))]
+            except ray.exceptions.RayError as err:
+                if self.recovery is None:
+                    raise
+                role, index = self.recovery.recover(err)
+                if role == "rollout":
+                    share, offset = worker_share(prompts, index, len(self.workers.rollouts))
+                    per_worker[index] = generate_refs(self.workers.rollouts[index], share, group_offset + offset, sampling,
+                                                      len(self.workers.learners))
+                    self.reissued_prompts += len(share)
+                    # rank_major: the slice of rank r from worker w is at r * R + w.
+                    for r in range(len(self.workers.learners)):
+                        scored.pop(r * len(self.workers.rollouts) + index, None)
+                    self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
 
     # -- dynamic sampling ------------------------------------------------------------------------
 
@@ -237,13 +275,22 @@ def sample_rows(batch, count: int, rewards: list[float]) -> list[dict]:
 
 def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0) -> list[list]:
     """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs."""
-    per_worker = len(prompts) // len(rollouts)
     refs = []
     for i, worker in enumerate(rollouts):
-        share = prompts[i * per_worker : (i + 1) * per_worker]
-        out = worker.generate.options(num_returns=num_slices).remote(share, group_offset + i * per_worker, sampling, num_slices)
-        refs.append(out if num_slices > 1 else [out])
+        share, offset = worker_share(prompts, i, len(rollouts))
+        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices))
     return refs
+
+
+def worker_share(prompts: list[Prompt], index: int, num_workers: int) -> tuple[list[Prompt], int]:
+    """Worker `index`'s prompts and the position of its first one."""
+    per_worker = len(prompts) // num_workers
+    return prompts[index * per_worker : (index + 1) * per_worker], index * per_worker
+
+
+def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int) -> list:
+    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices)
+    return out if num_slices > 1 else [out]
 
 
 def rank_major(per_worker: list[list]) -> list:
@@ -253,20 +300,32 @@ def rank_major(per_worker: list[list]) -> list:
 
 def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
-    scored = pool_scores(workers.rewards, slice_refs, rows)
-    if workers.reward_model is None:
-        return scored
-    model_scores = ray.get([workers.reward_model.score.remote(ref) for ref in slice_refs])
-    return [part.with_function("reward_model", values, cfg.reward.model.weight) for part, values in zip(scored, model_scores)]
+    tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
+    return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
+
+
+def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[list, object | None]:
+    """One slice's scoring calls: the reward pool's parts of its rows, and the reward model's call."""
+    model = workers.reward_model.score.remote(slice_ref) if workers.reward_model is not None else None
+    return pool_tasks(workers.rewards, slice_ref, rows), model
+
+
+def pool_tasks(rewards: list, slice_ref, rows: int) -> list:
+    """The slice's rows split evenly across the reward workers: one call per worker with rows."""
+    k = len(rewards)
+    bounds = [rows * j // k for j in range(k + 1)]
+    return [rewards[j].score.remote(slice_ref, bounds[j], bounds[j + 1]) for j in range(k) if bounds[j] < bounds[j + 1]]
+
+
+def collect_scores(cfg: Config, tasks: tuple[list, object | None]) -> ScoredSlice:
+    parts, model = tasks
+    scored = ScoredSlice.concat(ray.get(parts))
+    return scored if model is None else scored.with_function("reward_model", ray.get(model), cfg.reward.model.weight)
 
 
 def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
-    k = len(rewards)
-    parts = []
-    for ref, n in zip(slice_refs, rows):
-        bounds = [n * j // k for j in range(k + 1)]
-        parts.append([rewards[j].score.remote(ref, bounds[j], bounds[j + 1]) for j in range(k) if bounds[j] < bounds[j + 1]])
+    parts = [pool_tasks(rewards, ref, n) for ref, n in zip(slice_refs, rows)]
     return [ScoredSlice.concat(ray.get(per_slice)) for per_slice in parts]
 
 

@@ -34,10 +34,20 @@ def generation_metrics(rows: StepRows) -> dict[str, float]:
         "diversity/distinct_4": _mean(rows.group_diversity[first_of_group]),
     }
     for name, values in rows.per_function.items():
-        metrics[f"reward/{name}/mean"] = _mean(values)
-        metrics[f"reward/{name}/std"] = _std(values)
-        metrics[f"reward/{name}/failures"] = float((~np.isfinite(values)).sum())
+        label = function_label(name)
+        metrics[f"reward/{label}/mean"] = _mean(values)
+        metrics[f"reward/{label}/std"] = _std(values)
+        metrics[f"reward/{label}/failures"] = float((~np.isfinite(values)).sum())
     return metrics
+
+
+def function_label(name: str) -> str:
+    """A reward function's name as a metric key part: a file spec keeps only its file name
+    (/abs/path/rewards.py:fn -> rewards.py:fn), since MLflow refuses keys holding "//" or "/./"."""
+    path, colon, function = name.rpartition(":")
+    if colon and "/" in path:
+        return f"{path.rsplit('/', 1)[-1]}:{function}"
+    return name
 
 
 def step_metrics(

@@ -9,6 +9,7 @@ driver turns counts into metrics and stops the run when failures pass the config
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +48,10 @@ class RewardWorker:
             )
         else:
             self.loaded = [load_reward_function(f.name, f.options) for f in functions]
+
+    def pid(self) -> int:
+        """This process's id: a restarted worker answers with a new one."""
+        return os.getpid()
 
     def ready(self) -> str:
         return "reward"

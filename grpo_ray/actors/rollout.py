@@ -6,6 +6,7 @@ The engine (hf or vllm) sits behind one interface: generate, score, load_weights
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -67,6 +68,10 @@ class RolloutWorker:
 
     def ready(self) -> str:
         return self.name
+
+    def pid(self) -> int:
+        """This process's id: a restarted worker answers with a new one."""
+        return os.getpid()
 
     # -- generation ------------------------------------------------------------------------------
 

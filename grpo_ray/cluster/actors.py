@@ -78,9 +78,14 @@ def _missing_resources(roles: list[RoleResources]) -> str | None:
     return None
 
 
-def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str) -> Any:
-    """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class."""
-    remote_cls = ray.remote(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)(cls)
+def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str,
+          max_restarts: int = 0) -> Any:
+    """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class.
+
+    With max_restarts, Ray brings a dead actor back in the same bundle; its tasks are never retried
+    (the caller decides what to re-issue: see cluster/recovery.py)."""
+    remote_cls = ray.remote(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None,
+                            max_restarts=max_restarts, max_task_retries=0)(cls)
     return remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
 
 

@@ -117,7 +117,8 @@ def setup_learners(learners: list[Any]) -> None:
 
 def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
     return [
-        spawn(RolloutWorker, placement, "rollout", i, resources, rollout_settings(cfg, i), name=f"rollout-{i}")
+        spawn(RolloutWorker, placement, "rollout", i, resources, rollout_settings(cfg, i), name=f"rollout-{i}",
+              max_restarts=cfg.ray.max_actor_restarts)
         for i in range(cfg.rollout.num_workers)
     ]
 
@@ -127,7 +128,8 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
     r = cfg.reward
     isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
     return [
-        spawn(RewardWorker, placement, "reward", i, resources, functions, isolation, name=f"reward-{i}")
+        spawn(RewardWorker, placement, "reward", i, resources, functions, isolation, name=f"reward-{i}",
+              max_restarts=cfg.ray.max_actor_restarts)
         for i in range(cfg.reward.num_workers)
     ]
 

@@ -32,20 +32,31 @@ class SyncResult:
 
 class WeightBroadcaster:
     def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, backend: str):
-        self.learners, self.rollouts, self.timeout_s = learners, rollouts, timeout_s
-        specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20)))
-        host, port = node_address_and_port(learners[0])
-        world = 1 + len(rollouts)
+        self.learners, self.rollouts, self.timeout_s, self.backend = learners, rollouts, timeout_s, backend
+        self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20)))
+        self.form_group()
+        self.syncs = 0
+        self.version = 0  # the weights version the rollout workers hold
+
+    def form_group(self) -> None:
+        """Learner rank 0 and every rollout worker join a new group (on a fresh port): at the start,
+        and after a rollout worker was replaced, since a group's members are fixed."""
+        host, port = node_address_and_port(self.learners[0])
+        world = 1 + len(self.rollouts)
         # All ranks must be constructing the group at once: submit every call, then wait.
         ray.get(
-            [learners[0].host_weight_sync.remote(host, port, world, backend, timeout_s)]
+            [self.learners[0].host_weight_sync.remote(host, port, world, self.backend, self.timeout_s)]
             + [
-                worker.join_weight_sync.remote(host, port, world, specs, self.buckets, backend, timeout_s)
-                for worker in rollouts
+                worker.join_weight_sync.remote(host, port, world, self.specs, self.buckets, self.backend, self.timeout_s)
+                for worker in self.rollouts
             ],
-            timeout=timeout_s,
+            timeout=self.timeout_s,
         )
-        self.syncs = 0
+
+    def resend(self, probe: Probe | None, probe_tolerance: float) -> SyncResult:
+        """A new group and the current weights again (for a replaced rollout worker), proven as every sync."""
+        self.form_group()
+        return self.sync(self.version, probe, probe_tolerance)
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         sends = [learner.send_weights.remote(version, self.buckets) for learner in self.learners]
@@ -65,6 +76,7 @@ class WeightBroadcaster:
                     f"({report.num_bytes} bytes), learner sent {sent.checksum:#010x} ({sent.num_bytes} bytes)"
                 )
         self.syncs += 1
+        self.version = version
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         return SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)

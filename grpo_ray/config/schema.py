@@ -330,6 +330,9 @@ class RayConfig(_Section):
     # Port of a local Ray's Prometheus metrics endpoint (grpo-ray's and Ray's own metrics); null: any
     # free port (printed at start either way).
     metrics_export_port: int | None = Field(None, ge=1024, le=65535)
+    # Times Ray may restart a rollout or reward worker that died (SIGKILL, OOM, a crash); the step it
+    # died in re-issues what it held. One worker dying more often stops the run.
+    max_actor_restarts: int = Field(3, ge=0)
     # Seconds to wait for the placement group (all actors' resources) before giving up.
     placement_timeout_s: float = Field(120.0, gt=0)
 

@@ -7,7 +7,7 @@ import pytest
 
 from grpo_ray.algo.diversity import distinct_ngram_ratio, group_diversity
 from grpo_ray.batching import StepRows
-from grpo_ray.step_metrics import generation_metrics
+from grpo_ray.step_metrics import generation_metrics, function_label
 
 NAN = np.nan
 
@@ -108,3 +108,11 @@ def test_groups_without_a_4_gram_are_left_out_of_distinct_4():
     assert np.isnan(group_distinct_ratio(["82", "81"]))
     rows = _rows([0, 0, 1, 1], [1.0, 0.0, 1.0, 0.0], {}, [1, 1, 1, 1], [False] * 4, [np.nan, np.nan, 0.75, 0.75])
     assert generation_metrics(rows)["diversity/distinct_4"] == pytest.approx(0.75)
+
+
+def test_reward_functions_given_by_file_path_get_metric_keys_mlflow_accepts():
+    # Found by the reward-worker kill test: "reward//tmp/x/slow.py:fn/mean" is refused by MLflow.
+    assert function_label("/tmp/x/slow_reward.py:slow_exact_match") == "slow_reward.py:slow_exact_match"
+    assert function_label("rewards/mine.py:score") == "mine.py:score"
+    assert function_label("my_pkg.rewards:score") == "my_pkg.rewards:score"
+    assert function_label("math") == "math"

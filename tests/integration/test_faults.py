@@ -1,7 +1,8 @@
-"""Runs killed from outside (SIGKILL) and resumed: exactly the run that was not killed.
+"""Faults injected from outside with SIGKILL: each run ends as the run that was not hurt.
 
-Run A goes straight; run B is killed, then started again with the same command and continues
-from its last checkpoint, in the same MLflow run.
+A straight run goes first; then a run whose driver is killed and started again (it continues from
+its last checkpoint, in the same MLflow run), a run whose learner is killed, and runs whose
+rollout or reward worker is killed mid-step (replaced, the step completed).
 """
 
 import os
@@ -9,10 +10,12 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
@@ -57,8 +60,21 @@ def top_level_runs(output_dir: Path):
     return [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
 
 
-def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path):
-    straight = train(load_config(TINY, [f"output_dir={tmp_path / 'a'}", *SHORT]))
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight')}", *SHORT]))
+
+
+def assert_same_steps(straight, tracking_uri: str, run_id: str) -> None:
+    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"):
+        want = per_step(straight.tracking_uri, straight.run_id, key)
+        got = per_step(tracking_uri, run_id, key)
+        assert sorted(got) == sorted(want) == [1, 2, 3, 4], key
+        for step in want:
+            assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} vs {want[step]}"
+
+
+def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, straight):
 
     b, log = tmp_path / "b", tmp_path / "b.log"
     proc = start(b, log)
@@ -73,12 +89,7 @@ def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path):
     (run,) = top_level_runs(b)
     assert run.info.status == "FINISHED"
     uri = f"sqlite:///{b / 'mlflow.db'}"
-    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"):
-        want = per_step(straight.tracking_uri, straight.run_id, key)
-        got = per_step(uri, run.info.run_id, key)
-        assert sorted(got) == sorted(want) == [1, 2, 3, 4], key
-        for step in want:
-            assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} vs {want[step]}"
+    assert_same_steps(straight, uri, run.info.run_id)
     assert per_step(uri, run.info.run_id, "eval/accuracy")[4] == straight.eval_accuracy[4]
     # The run is complete: the same command again trains nothing.
     again = subprocess.run(command(b), cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -139,3 +150,60 @@ def test_no_resume_starts_over_and_keeps_the_old_checkpoints(tmp_path):
     moved = [p for p in out.iterdir() if p.name.startswith("checkpoints.replaced-")]
     assert len(moved) == 1 and (moved[0] / "step_000002" / "state.json").read_text() == "{}"
     assert (out / "checkpoints" / "step_000001" / "state.json").exists()
+
+
+SLOW_EXACT_MATCH = """
+import time
+from grpo_ray.rewards import exact_match
+
+def slow_exact_match(completions, prompts, answers, **fields):
+    time.sleep(1.0)  # long enough to be killed in the middle of it
+    return exact_match(completions, prompts, answers, **fields)
+"""
+
+
+def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: list[int]) -> None:
+    """After step 2 was printed, SIGKILL the first process whose Ray title shows it inside `title`
+    (Ray renames a worker process `ray::Class.method` while it runs a call)."""
+    while proc.poll() is None and not killed:
+        if any(line.startswith("step 2/") for line in lines):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if child.cmdline()[:1] == [title]:
+                        child.send_signal(signal.SIGKILL)
+                        killed.append(child.pid)
+                        return
+                except psutil.Error:
+                    continue
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")])
+def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
+    extra = []
+    if role == "reward":
+        (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
+        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]"]
+    out = tmp_path / role
+    proc = subprocess.Popen(command(out, *extra), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines, killed = [], []
+    killer = threading.Thread(target=kill_mid_call, args=(proc, title, lines, killed), daemon=True)
+    killer.start()
+    for line in proc.stdout:
+        lines.append(line)
+    assert proc.wait(timeout=60) == 0, "".join(lines)[-3000:]
+    killer.join()
+    text = "".join(lines)
+    assert killed, f"no {title} process was seen after step 2: {text[-2000:]}"
+    assert f"{role}-0 died and was replaced by process" in text
+    if role == "rollout":
+        assert "re-issued rollout-0's 32 prompts" in text and "it was given the current weights" in text
+
+    (run,) = top_level_runs(out)
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    replaced = per_step(uri, run.info.run_id, f"faults/{role}_replaced")
+    assert sorted(replaced) == [1, 2, 3, 4] and sum(replaced.values()) == 1.0 and replaced[1] == replaced[2] == 0.0
+    # Every prompt's group once, on the current weights: the hurt run is the straight run, step by step.
+    assert_same_steps(straight, uri, run.info.run_id)
+    assert not ray_processes()

@@ -1,0 +1,68 @@
+"""Rollout and reward workers that die mid-step come back; the step goes on.
+
+Ray restarts a dead rollout or reward actor in its own placement-group bundle (they are started
+with `max_restarts = ray.max_actor_restarts` and no task retries: a retried `generate` would run
+on a fresh engine holding the initial weights). This module tells which worker died from the
+error, waits until Ray has it back, and brings a rollout worker to the current weights; what to
+re-issue is the batch builder's call (step_batch.py), since only it knows who held what.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+from grpo_ray.cluster.actors import ClusterError, error_line
+
+
+class WorkerRecovery:
+    def __init__(self, rollouts: list[Any], rewards: list[Any], resync: Callable[[], None], max_restarts: int,
+                 log: Callable[[str], None], timeout_s: float = 900.0):
+        self._who = {actor._actor_id.hex(): ("rollout", i) for i, actor in enumerate(rollouts)}
+        self._who.update({actor._actor_id.hex(): ("reward", i) for i, actor in enumerate(rewards)})
+        self._actors = {"rollout": rollouts, "reward": rewards}
+        self._resync = resync  # re-forms the weight-broadcast group and sends the current weights
+        self.max_restarts = max_restarts
+        self.log = log
+        self.timeout_s = timeout_s
+        self.replaced: Counter[str] = Counter()  # role -> replacements so far in this run
+        self._restarts: Counter[tuple[str, int]] = Counter()
+
+    def recover(self, err: BaseException) -> tuple[str, int]:
+        """(role, index) of the worker whose death `err` reports, once it is back and, for a rollout
+        worker, holds the current weights. Re-raises `err` when it is not a worker's death."""
+        who = self._who.get(getattr(err, "actor_id", None) or "")
+        if who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+            raise err
+        role, index = who
+        self._restarts[who] += 1
+        if self._restarts[who] > self.max_restarts:
+            raise ClusterError(
+                f"{role}-{index} died {self._restarts[who]} times (ray.max_actor_restarts={self.max_restarts}): "
+                f"{error_line(err)}"
+            ) from None
+        started = time.monotonic()
+        pid = self._wait_until_back(self._actors[role][index], f"{role}-{index}")
+        if role == "rollout":
+            self._resync()
+        self.replaced[role] += 1
+        self.log(f"{role}-{index} died and was replaced by process {pid} in {time.monotonic() - started:.1f} s"
+                 + ("; it was given the current weights" if role == "rollout" else ""))
+        return role, index
+
+    def _wait_until_back(self, actor: Any, name: str) -> int:
+        """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{name} died and Ray did not restart it within {self.timeout_s:g} s") from None
+                time.sleep(0.5)
+            except ray.exceptions.RayActorError as err:  # restarts spent or its constructor failed
+                raise ClusterError(f"{name} died and could not be restarted: {error_line(err)}") from None
