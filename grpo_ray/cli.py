@@ -89,9 +89,11 @@ OVERRIDES = click.option(
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @OVERRIDES
+@click.option("--address", default=None, help="Check the plan against this running Ray cluster (default: RAY_ADDRESS if set).")
 @one_line_errors
-def validate(config: str, overrides: tuple[str, ...]) -> None:
-    """Print the resolved config, the resources of each role and the batch arithmetic."""
+def validate(config: str, overrides: tuple[str, ...], address: str | None) -> None:
+    """Print the resolved config, the resources of each role and the batch arithmetic; with a
+    cluster to connect to, check that it can hold the plan (exit 1 when it cannot)."""
     cfg = load_config(config, overrides)
     plan = plan_batches(cfg)
     click.echo("# resolved config")
@@ -117,7 +119,40 @@ def validate(config: str, overrides: tuple[str, ...]) -> None:
         "rescue": cfg.polaris.rescue, "drop-easy": cfg.polaris.drop_easy_threshold is not None,
     }
     click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
+    address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        missing = _check_against_cluster(cfg, address)
+        if missing:
+            for line in missing:
+                click.echo(f"missing: {line}", err=True)
+            sys.exit(1)
     click.echo("ok")
+
+
+def _check_against_cluster(cfg, address: str) -> list[str]:
+    """Every shortfall of the plan on the cluster at `address` (what train's reserve() would refuse)."""
+    import ray
+
+    from grpo_ray.cluster.actors import ClusterError, cluster_nodes
+    from grpo_ray.cluster.fit import plan_bundles, shortfalls
+
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ClusterError(f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+    try:
+        nodes = cluster_nodes()
+    finally:
+        ray.shutdown()
+    roles = plan_resources(cfg)
+    bundles, _ = plan_bundles(roles, cfg.placement.colocate)
+    totals: dict[str, float] = {}
+    for node in nodes:
+        for name, amount in node.resources.items():
+            if name in ("CPU", "GPU") or not (name.startswith("node:") or name in ("memory", "object_store_memory")):
+                totals[name] = totals.get(name, 0.0) + amount
+    click.echo(f"\n# cluster at {address}\n{len(nodes)} nodes: " + ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items())))
+    return shortfalls(roles, bundles, nodes)
 
 
 @main.command()

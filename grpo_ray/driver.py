@@ -121,6 +121,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                          + (f"; metrics {session.metrics_url}" if session.metrics_url else ""))
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
+            _report_placement(workers, tracker, console)
             run = Run(cfg, inputs, workers, tracker, console, fingerprint)
             progress = _restore(run, resume_from, state) if state else _start(run)
             try:
@@ -131,6 +132,16 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                 raise ClusterError(f"an actor failed: {error_line(err)}; {_resume_hint(checkpoints)}") from None
     finally:
         console.close()
+
+
+def _report_placement(workers, tracker: MlflowTracker, console: ConsoleReporter) -> None:
+    """Where each actor landed: a line in the log, and a `placement.<actor>` tag (the node id)."""
+    placed = workers.nodes()
+    tracker.set_tags({f"placement.{name}": node for name, node in placed.items()})
+    by_node: dict[str, list[str]] = {}
+    for name, node in placed.items():
+        by_node.setdefault(node, []).append(name)
+    console.info("placement: " + "; ".join(f"{', '.join(names)} on node {node[:8]}" for node, names in by_node.items()))
 
 
 @dataclass

@@ -178,6 +178,7 @@ class ConsoleReporter:
         self.stream = stream or sys.stdout
         self.total = total_steps
         self.step_seconds: list[float] = []
+        self.accuracy: float | None = None  # the last held-out accuracy, shown until the next evaluation
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
@@ -191,9 +192,10 @@ class ConsoleReporter:
             print(message, file=self.stream, flush=True)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.accuracy = metrics.get("eval/accuracy", self.accuracy)
         summary = {
             "reward": metrics.get("reward/mean"),
-            "acc": metrics.get("eval/accuracy"),
+            "acc": self.accuracy,
             "loss": metrics.get("loss/total"),
             "s/step": metrics.get("timing/step"),
         }

@@ -15,6 +15,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
 from grpo_ray.config import RoleResources
 
 
@@ -37,22 +38,17 @@ class Placement:
         remove_placement_group(self.group)
 
 
-def reserve(roles: list[RoleResources], timeout_s: float) -> Placement:
-    """Reserve one bundle per actor; fail with what is missing when the cluster cannot hold the plan."""
-    bundles: list[dict[str, float]] = []
-    index: dict[str, list[int]] = {}
-    for role in roles:
-        index[role.role] = []
-        for _ in range(role.count):
-            bundle = {"CPU": role.num_cpus}
-            if role.num_gpus:
-                bundle["GPU"] = role.num_gpus
-            index[role.role].append(len(bundles))
-            bundles.append(bundle)
-    missing = _missing_resources(roles)
+def reserve(roles: list[RoleResources], timeout_s: float, colocate: tuple[str, ...] = (), strategy: str = "PACK") -> Placement:
+    """Reserve one bundle per worker (colocated roles share theirs); fail with what is missing when
+    the cluster cannot hold the plan."""
+    bundles, index = plan_bundles(roles, colocate)
+    missing = shortfalls(roles, bundles, cluster_nodes())
     if missing:
-        raise ClusterError(missing)
-    group = placement_group(bundles, strategy="PACK")
+        raise ClusterError(f"{missing[0]}; lower num_workers, num_cpus or num_gpus of that role, or add nodes "
+                           "(`grpo-ray validate CONFIG --address ...` lists every shortfall)")
+    selectors = [dict(bundle.labels) for bundle in bundles]
+    group = placement_group([bundle.resources for bundle in bundles], strategy=strategy,
+                            bundle_label_selector=selectors if any(selectors) else None)
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -64,18 +60,9 @@ def reserve(roles: list[RoleResources], timeout_s: float) -> Placement:
     return Placement(group=group, bundles=index)
 
 
-def _missing_resources(roles: list[RoleResources]) -> str | None:
-    available = ray.cluster_resources()
-    for kind, key in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
-        need = sum(r.count * getattr(r, key) for r in roles)
-        have = available.get(kind, 0.0)
-        if need > have + 1e-9:
-            worst = max(roles, key=lambda r: r.count * getattr(r, key))
-            return (
-                f"{worst.role} and the other roles need {need:g} {kind}s, the cluster has {have:g}; "
-                f"lower {worst.role}.num_{kind.lower()}s or num_workers, or add nodes"
-            )
-    return None
+def cluster_nodes() -> list[NodeView]:
+    """The connected cluster's live nodes: their total resources and labels."""
+    return [NodeView(dict(node["Resources"]), dict(node.get("Labels") or {})) for node in ray.nodes() if node.get("Alive")]
 
 
 def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str,

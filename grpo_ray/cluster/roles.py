@@ -38,6 +38,16 @@ class Workers:
             named["reward_model"] = self.reward_model
         return named
 
+    def nodes(self) -> dict[str, str]:
+        """Where every actor runs: name -> Ray node id (all asked at once)."""
+        def node_id(_self) -> str:
+            import ray as ray_in_actor
+
+            return ray_in_actor.get_runtime_context().get_node_id()
+
+        named = self.all()
+        return dict(zip(named, ray.get([actor.__ray_call__.remote(node_id) for actor in named.values()])))
+
     def stop(self) -> None:
         for actor in self.all().values():
             ray.kill(actor)
@@ -92,7 +102,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         vllm_enforce_eager=r.vllm.enforce_eager,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
-        tensor_parallel_size=1,
+        tensor_parallel_size=r.tensor_parallel_size,
     )
 
 
@@ -154,7 +164,7 @@ def start_reward_model(cfg: Config, placement: Placement, resources: RoleResourc
 def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
     """Reserve the whole plan, start every actor, wait until all constructors finished."""
     roles = {role.role: role for role in plan_resources(cfg)}
-    placement = reserve(list(roles.values()), cfg.ray.placement_timeout_s)
+    placement = reserve(list(roles.values()), cfg.ray.placement_timeout_s, cfg.placement.colocate, cfg.placement.strategy)
     try:
         workers = Workers(
             placement=placement,

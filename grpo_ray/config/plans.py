@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from grpo_ray.config.schema import Config, ConfigError, StageConfig
 
@@ -63,20 +63,29 @@ class RoleResources:
     count: int
     num_cpus: float
     num_gpus: float
+    custom: dict[str, float] = field(default_factory=dict)  # custom Ray resources per worker (node targeting)
+    labels: dict[str, str] = field(default_factory=dict)  # node labels each worker's node must carry
+
+    def bundle(self) -> dict[str, float]:
+        """What one worker reserves: its placement-group bundle."""
+        return {"CPU": self.num_cpus, **({"GPU": self.num_gpus} if self.num_gpus else {}), **self.custom}
 
 
 def plan_resources(cfg: Config) -> list[RoleResources]:
     """One entry per role that will be started, in start order."""
+
+    def role(name: str, count: int, section, num_gpus: float) -> RoleResources:
+        return RoleResources(name, count, section.num_cpus, num_gpus, dict(section.resources), dict(section.node_labels))
+
     roles = [
-        RoleResources("learner", cfg.learner.num_workers, cfg.learner.num_cpus, cfg.learner.num_gpus),
-        RoleResources("rollout", cfg.rollout.num_workers, cfg.rollout.num_cpus, cfg.rollout.num_gpus),
-        RoleResources("reward", cfg.reward.num_workers, cfg.reward.num_cpus, 0.0),
+        role("learner", cfg.learner.num_workers, cfg.learner, cfg.learner.num_gpus),
+        role("rollout", cfg.rollout.num_workers, cfg.rollout, cfg.rollout.num_gpus),
+        role("reward", cfg.reward.num_workers, cfg.reward, 0.0),
     ]
     if cfg.use_reference:
-        roles.append(RoleResources("reference", 1, cfg.reference.num_cpus, cfg.reference.num_gpus))
+        roles.append(role("reference", 1, cfg.reference, cfg.reference.num_gpus))
     if cfg.reward.model.path is not None:
-        m = cfg.reward.model
-        roles.append(RoleResources("reward_model", 1, m.num_cpus, m.num_gpus))
+        roles.append(role("reward_model", 1, cfg.reward.model, cfg.reward.model.num_gpus))
     return roles
 
 
@@ -155,6 +164,38 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("reference.refresh_every: needs algorithm.kl_coef > 0 (no reference model runs without KL)")
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
+    _check_placement(cfg)
+
+
+def _check_placement(cfg: Config) -> None:
+    r = cfg.rollout
+    if r.tensor_parallel_size > 1 and r.backend != "vllm":
+        raise ConfigError("rollout.tensor_parallel_size: tensor parallelism needs rollout.backend: vllm")
+    if r.tensor_parallel_size > 1 and r.num_gpus != r.tensor_parallel_size:
+        raise ConfigError(
+            f"rollout.num_gpus: an engine with tensor_parallel_size {r.tensor_parallel_size} holds that many GPUs in "
+            f"its worker's bundle; set rollout.num_gpus: {r.tensor_parallel_size}"
+        )
+    colocate = cfg.placement.colocate
+    if not colocate:
+        return
+    if len(colocate) < 2 or len(set(colocate)) != len(colocate):
+        raise ConfigError(f"placement.colocate: name two or more different roles, got {list(colocate)}")
+    roles = {role.role: role for role in plan_resources(cfg)}
+    absent = [name for name in colocate if name not in roles]
+    if absent:
+        raise ConfigError(f"placement.colocate: {absent[0]} does not run with this recipe (see `grpo-ray validate`)")
+    counts = {name: roles[name].count for name in colocate}
+    if len(set(counts.values())) > 1:
+        raise ConfigError(
+            "placement.colocate: colocated roles share bundles worker by worker, so they need equal num_workers; got "
+            + ", ".join(f"{name} {count}" for name, count in counts.items())
+        )
+    for name in colocate:
+        for other in colocate:
+            clash = {k for k in roles[name].labels if roles[other].labels.get(k, roles[name].labels[k]) != roles[name].labels[k]}
+            if clash:
+                raise ConfigError(f"placement.colocate: {name} and {other} ask for different node_labels {sorted(clash)[0]}")
 
 
 def describe_resources(roles: list[RoleResources]) -> list[str]:
@@ -162,7 +203,9 @@ def describe_resources(roles: list[RoleResources]) -> list[str]:
     for role in roles:
         total_cpus = role.count * role.num_cpus
         gpu = f", {role.count * role.num_gpus:g} GPU" if role.num_gpus else ""
-        lines.append(f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all)")
+        where = "".join(f", {name} {amount:g}" for name, amount in role.custom.items())
+        where += "".join(f", on {key}={value}" for key, value in role.labels.items())
+        lines.append(f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all){where}")
     total_cpu = math.fsum(r.count * r.num_cpus for r in roles)
     total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
     lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")

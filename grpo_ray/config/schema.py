@@ -6,7 +6,7 @@ This module is the only home of defaults. Every field carries a comment saying w
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,6 +18,19 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     # Unknown keys are typos until proven otherwise; frozen so no layer mutates the recipe at run time.
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
+
+
+ResourceName = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:/-]+$")]
+LabelValue = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class _RoleSection(_Section):
+    # Node targeting: custom Ray resources each worker of this role takes from its node, e.g.
+    # {rollout_node: 1} with `ray start --resources '{"rollout_node": 8}'` on the rollout nodes.
+    resources: dict[ResourceName, Annotated[float, Field(gt=0)]] = {}
+    # Node targeting: labels the node of each worker must carry, e.g. {pool: rollout} with
+    # `ray start --labels pool=rollout`.
+    node_labels: dict[LabelValue, LabelValue] = {}
 
 
 class LoraConfig(_Section):
@@ -87,7 +100,7 @@ class VllmConfig(_Section):
     max_model_len: int | None = Field(None, ge=8)
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(_RoleSection):
     # Generation engine: "hf" (transformers generate with KV cache) or "vllm".
     backend: Literal["hf", "vllm"] = "hf"
     # Number of rollout worker actors; prompts of a step are split evenly across them.
@@ -106,6 +119,8 @@ class RolloutConfig(_Section):
     num_cpus: float = Field(1.0, gt=0)
     # GPUs per worker (tensor_parallel_size of them for vLLM).
     num_gpus: float = Field(0.0, ge=0)
+    # GPUs one vLLM engine shards the model over (tensor parallelism); each worker's bundle holds them.
+    tensor_parallel_size: int = Field(1, ge=1)
     # Torch threads inside each worker.
     torch_threads: int = Field(1, ge=1)
     vllm: VllmConfig = VllmConfig()
@@ -120,7 +135,7 @@ class RewardFunctionConfig(_Section):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class RewardModelConfig(_Section):
+class RewardModelConfig(_RoleSection):
     # A sequence-classification model with one output that scores prompt + completion, in its own
     # actor; null: no reward model.
     path: str | None = None
@@ -137,7 +152,7 @@ class RewardModelConfig(_Section):
     num_gpus: float = Field(0.0, ge=0)
 
 
-class RewardConfig(_Section):
+class RewardConfig(_RoleSection):
     # Number of reward worker actors; every slice's rows are split across them.
     num_workers: int = Field(1, ge=1)
     # CPUs reserved per reward worker.
@@ -203,7 +218,7 @@ class AlgorithmConfig(_Section):
     dynamic_sampling_max_tries: int = Field(4, ge=1)
 
 
-class ReferenceConfig(_Section):
+class ReferenceConfig(_RoleSection):
     # CPUs reserved for the reference-model actor (started only when algorithm.kl_coef > 0).
     num_cpus: float = Field(0.5, gt=0)
     # GPUs for the reference-model actor.
@@ -213,7 +228,7 @@ class ReferenceConfig(_Section):
     refresh_every: int = Field(0, ge=0)
 
 
-class LearnerConfig(_Section):
+class LearnerConfig(_RoleSection):
     # Data-parallel learner ranks, one DeepSpeed engine each.
     num_workers: int = Field(1, ge=1)
     # CPUs reserved per learner rank.
@@ -337,6 +352,14 @@ class RayConfig(_Section):
     placement_timeout_s: float = Field(120.0, gt=0)
 
 
+class PlacementConfig(_Section):
+    # Roles whose workers share bundles, and so nodes and GPUs (e.g. [rollout, learner] with
+    # num_gpus 0.5 each: worker i of each role on the same GPU); they need equal num_workers.
+    colocate: tuple[Literal["learner", "rollout", "reward", "reference", "reward_model"], ...] = ()
+    # Ray placement-group strategy: PACK (fill nodes in turn), SPREAD, STRICT_PACK (one node), STRICT_SPREAD.
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+
+
 class Config(_Section):
     # Everything a run writes (MLflow store, checkpoints, logs) goes under this folder.
     output_dir: str = "runs/default"
@@ -353,6 +376,7 @@ class Config(_Section):
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     tracking: TrackingConfig = TrackingConfig()
     ray: RayConfig = RayConfig()
+    placement: PlacementConfig = PlacementConfig()
     polaris: PolarisConfig = PolarisConfig()
     # Training stages run in order, each from the previous stage's weights; empty: one stage of
     # train.steps with the rollout section's settings.
