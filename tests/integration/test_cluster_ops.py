@@ -1,0 +1,159 @@
+"""A real two-node Ray cluster (`ray start` twice on 127.0.0.1): placement, validate, Ray jobs.
+
+The head carries a custom resource `learner_node`; the second node carries `rollout_node` and the
+label pool=rollout. Drivers run in their own processes (as under `ray job submit`), never in this
+one: Ray reads its auth mode once per process.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from grpo_ray.cluster.weight_sync import free_port
+
+from .conftest import ray_processes
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
+SHORT = ["train.steps=2", "data.eval_limit=10"]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def ray_cli(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(BIN / "ray"), *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=check)
+    out.stdout, out.stderr = ANSI.sub("", out.stdout), ANSI.sub("", out.stderr)  # the job CLI colours its words
+    return out
+
+
+def job_status(cluster, job: str) -> str:
+    """The job's final word as `ray job status` prints it: succeeded, was stopped, failed."""
+    out = ray_cli("job", "status", "--address", cluster["dashboard"], job)
+    return re.search(rf"Job '{job}' (succeeded|was stopped|failed)", out.stdout + out.stderr).group(1)
+
+
+def own_ports() -> list[str]:
+    """Ports a node's agents take: fixed defaults would clash between two nodes on one machine."""
+    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
+            f"--metrics-export-port={free_port()}"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    port, dashboard = free_port(), free_port()
+    try:
+        ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", '--resources={"learner_node": 1}', *own_ports())
+        ray_cli("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", '--resources={"rollout_node": 2}',
+                "--labels=pool=rollout", *own_ports())
+        yield {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "nodes": node_ids(f"127.0.0.1:{port}")}
+    finally:
+        ray_cli("stop", "--force", check=False)
+    assert not ray_processes()
+
+
+def node_ids(address: str) -> dict[str, str]:
+    """Node id of the node holding each custom resource, read by a driver of its own."""
+    code = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+            "print(json.dumps({k: n['NodeID'] for n in ray.nodes() if n['Alive'] for k in n['Resources'] "
+            "if k in ('learner_node', 'rollout_node')}))" % address)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def train_on(cluster, output_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    sets = [arg for item in [f"output_dir={output_dir}", f"ray.address={cluster['gcs']}", *SHORT, *overrides]
+            for arg in ("--set", item)]
+    return subprocess.run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets], capture_output=True,
+                          text=True, env=ENV, cwd=ROOT, timeout=400)
+
+
+def test_rollout_workers_and_learners_land_where_the_config_targets_them(two_nodes, tmp_path):
+    # Two rollout workers instead of one is a number in the recipe: nothing else changes. The reward
+    # worker shares the learner's bundle (colocated), so SPREAD cannot send it to another node.
+    out = train_on(two_nodes, tmp_path, "rollout.num_workers=2", "rollout.node_labels={pool: rollout}",
+                   "learner.resources={learner_node: 1}", "placement.colocate=[learner, reward]",
+                   "placement.strategy=SPREAD")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 2/2" in out.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
+    (run,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]  # not its stage run
+    tags = run.data.tags
+    assert tags["cluster.nodes"] == "2"
+    assert tags["placement.learner-0"] == two_nodes["nodes"]["learner_node"]
+    assert tags["placement.rollout-0"] == tags["placement.rollout-1"] == two_nodes["nodes"]["rollout_node"]
+    assert tags["placement.reward-0"] == two_nodes["nodes"]["learner_node"]
+    assert len(client.get_metric_history(run.info.run_id, "loss/total")) == 2
+
+
+def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
+    def validate(*overrides: str) -> subprocess.CompletedProcess:
+        sets = [arg for item in overrides for arg in ("--set", item)]
+        return subprocess.run([sys.executable, "-m", "grpo_ray.cli", "validate", str(TINY), "--address", two_nodes["gcs"], *sets],
+                              capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+
+    fits = validate("rollout.node_labels={pool: rollout}", "learner.resources={learner_node: 1}")
+    assert fits.returncode == 0, fits.stderr
+    assert re.search(r"2 nodes: CPU 4, learner_node 1, rollout_node 2", fits.stdout) and fits.stdout.rstrip().endswith("ok")
+    short = validate("rollout.num_gpus=4", "rollout.num_workers=2", "learner.resources={gpu_node: 2}",
+                     "reward.node_labels={pool: reward}")
+    assert short.returncode == 1
+    assert short.stderr.splitlines() == [
+        "missing: rollout needs 8 GPUs, the cluster has 0",
+        "missing: learner needs resource gpu_node x2, no node has it",
+        "missing: reward needs a node labelled pool=reward, no node has that label",
+    ]
+
+
+def submit(cluster, tmp_path: Path, name: str, *overrides: str) -> str:
+    """`ray job submit --no-wait` of `grpo-ray train`; returns the submission id."""
+    workdir = tmp_path / f"{name}-job"
+    workdir.mkdir()
+    (workdir / "README").write_text("grpo-ray test job\n")  # what --working-dir uploads: keep it small
+    sets = [arg for item in [f"output_dir={tmp_path / name}", *SHORT, *overrides] for arg in ("--set", item)]
+    out = ray_cli("job", "submit", "--address", cluster["dashboard"], "--working-dir", str(workdir), "--no-wait", "--",
+                  str(BIN / "grpo-ray"), "train", str(TINY), *sets)
+    return re.search(r"Job '(raysubmit_\w+)' submitted successfully", out.stdout + out.stderr).group(1)
+
+
+def test_a_submitted_job_succeeds_and_streams_its_log(two_nodes, tmp_path):
+    job = submit(two_nodes, tmp_path, "ok")
+    logs = ray_cli("job", "logs", "-f", "--address", two_nodes["dashboard"], job, timeout=400)
+    assert "step 1/2" in logs.stdout and "step 2/2" in logs.stdout and "done: held-out accuracy" in logs.stdout
+    assert job_status(two_nodes, job) == "succeeded"
+
+
+def listed(cluster, kind: str, state: str) -> list[dict]:
+    """`ray list KIND --filter STATE` as records (it prints a sentence, not [], when there are none)."""
+    out = ray_cli("list", kind, "--address", cluster["dashboard"], "--filter", state, "--format", "json").stdout
+    return json.loads(out) if out.lstrip().startswith("[") else []
+
+
+def test_a_stopped_job_takes_every_actor_it_started_with_it(two_nodes, tmp_path):
+    job = submit(two_nodes, tmp_path, "stopped", "train.steps=500")
+    deadline = time.monotonic() + 300
+    while "step 1/500" not in ray_cli("job", "logs", "--address", two_nodes["dashboard"], job).stdout:
+        assert time.monotonic() < deadline, "the job never reached step 1"
+        time.sleep(1)
+    alive = listed(two_nodes, "actors", "state=ALIVE")
+    assert {a["class_name"] for a in alive} >= {"LearnerWorker", "RolloutWorker", "RewardWorker"}
+    ray_cli("job", "stop", "--address", two_nodes["dashboard"], job, timeout=120)
+    deadline = time.monotonic() + 60
+    while True:
+        alive = listed(two_nodes, "actors", "state=ALIVE")
+        groups = listed(two_nodes, "placement-groups", "state=CREATED")
+        if not alive and not groups:
+            break
+        assert time.monotonic() < deadline, f"still alive after ray job stop: {[a['class_name'] for a in alive]}, {groups}"
+        time.sleep(1)
+    assert job_status(two_nodes, job) == "was stopped"
