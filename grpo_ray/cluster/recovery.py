@@ -30,7 +30,12 @@ class WorkerRecovery:
         self.log = log
         self.timeout_s = timeout_s
         self.replaced: Counter[str] = Counter()  # role -> replacements so far in this run
+        self.seconds = 0.0  # time spent bringing workers back, in this run
         self._restarts: Counter[tuple[str, int]] = Counter()
+        # Process ids now, so the log names the process that died and a worker that was only
+        # unreachable for a moment (same process) is not taken for a replacement.
+        actors = [("rollout", i, a) for i, a in enumerate(rollouts)] + [("reward", i, a) for i, a in enumerate(rewards)]
+        self._pids = dict(zip([(role, i) for role, i, _ in actors], ray.get([a.pid.remote() for _, _, a in actors])))
 
     def recover(self, err: BaseException) -> tuple[str, int]:
         """(role, index) of the worker whose death `err` reports, once it is back and, for a rollout
@@ -39,18 +44,26 @@ class WorkerRecovery:
         if who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
             raise err
         role, index = who
-        self._restarts[who] += 1
-        if self._restarts[who] > self.max_restarts:
+        name, old_pid = f"{role}-{index}", self._pids[who]
+        if self._restarts[who] >= self.max_restarts:
             raise ClusterError(
-                f"{role}-{index} died {self._restarts[who]} times (ray.max_actor_restarts={self.max_restarts}): "
-                f"{error_line(err)}"
+                f"{name} (process {old_pid}) died after {self._restarts[who]} restarts, the most "
+                f"ray.max_actor_restarts={self.max_restarts} allows: {error_line(err)}"
             ) from None
         started = time.monotonic()
-        pid = self._wait_until_back(self._actors[role][index], f"{role}-{index}")
+        pid = self._wait_until_back(self._actors[role][index], name)
         if role == "rollout":
+            # Also when the process is the same: it may have left the broadcast group mid-call.
             self._resync()
+        seconds = time.monotonic() - started
+        self.seconds += seconds
+        if pid == old_pid:
+            self.log(f"{name} (process {pid}) was unreachable for a moment; its calls are issued again")
+            return role, index
+        self._restarts[who] += 1
+        self._pids[who] = pid
         self.replaced[role] += 1
-        self.log(f"{role}-{index} died and was replaced by process {pid} in {time.monotonic() - started:.1f} s"
+        self.log(f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
                  + ("; it was given the current weights" if role == "rollout" else ""))
         return role, index
 
