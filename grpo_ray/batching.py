@@ -30,6 +30,7 @@ class KeptResponse:
     finish_reason: str
     reward: float  # the (shaped) total reward it earned
     per_function: dict[str, float]
+    policy_version: int = 0  # weights it was sampled with: a rescued row is that stale
 
 
 def read_response(batch: RolloutSlice, row: int, reward: float, per_function: dict[str, float]) -> KeptResponse:
@@ -42,6 +43,7 @@ def read_response(batch: RolloutSlice, row: int, reward: float, per_function: di
         finish_reason=batch.finish_reasons[row],
         reward=float(reward),
         per_function={name: float(value) for name, value in per_function.items()},
+        policy_version=int(batch.policy_versions[row]),
     )
 
 
@@ -111,8 +113,11 @@ def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_
     logprobs[row] = 0.0
     logprobs[row, prompt_length:length] = response.logprobs
     swap = lambda values, new: [new if i == row else v for i, v in enumerate(values)]  # noqa: E731
+    versions = batch.policy_versions.copy()
+    versions[row] = response.policy_version
     return replace(
         batch,
+        policy_versions=versions,
         input_ids=input_ids,
         attention_mask=attention,
         completion_mask=completion_mask,

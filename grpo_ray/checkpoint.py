@@ -56,8 +56,9 @@ class TrainerState:
 
 
 def recipe_hash(config_dict: dict[str, Any]) -> str:
-    """Hash of the recipe without its `ray` section: a retried job may run on another cluster."""
-    recipe = {key: value for key, value in config_dict.items() if key != "ray"}
+    """Hash of the recipe without its `ray` section and output_dir: a retried job may run on another
+    cluster, and a run's folder may be moved or copied before it goes on."""
+    recipe = {key: value for key, value in config_dict.items() if key not in ("ray", "output_dir")}
     return hashlib.sha256(yaml.safe_dump(recipe, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -41,7 +41,7 @@ from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
-from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, total_steps
+from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.run_setup import RunInputs, prepare_inputs
 from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
@@ -123,6 +123,10 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
             _report_placement(workers, tracker, console)
             run = Run(cfg, inputs, workers, tracker, console, fingerprint)
+            if cfg.weight_sync.measure_raw_broadcast:
+                raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
+                tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
+                console.info(f"weight sync yardstick: a plain broadcast of the model's {run.sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s")
             progress = _restore(run, resume_from, state) if state else _start(run)
             try:
                 return _loop(run, progress)
@@ -163,7 +167,8 @@ class Run:
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
         )
-        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery)
+        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery,
+                                    policy_version=lambda: self.sync.version)
         self.output_dir = Path(self.cfg.output_dir)
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 
@@ -193,6 +198,7 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
     stages = plan_stages(cfg)
     for stage in stages[progress.stage_index:]:
         _open_stage(run, stage, progress)
+        reached = False  # train.stop_at_accuracy
         while progress.step < stage.last_step:
             interrupts.raise_if_requested()
             metrics = _train_step(run, stage, progress.step + 1)
@@ -211,14 +217,21 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
                 _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
                 progress.accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
+                reached = cfg.train.stop_at_accuracy is not None and metrics["eval/accuracy"] >= cfg.train.stop_at_accuracy
             run.console.step(step, metrics)
+            if reached:
+                break
             if cfg.reference.refresh_every and step % cfg.reference.refresh_every == 0:
                 _refresh_reference(run.workers)
             # The end of a stage has its own checkpoint, after drop-easy changed the prompts.
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < stage.last_step:
                 _checkpoint(run, progress)
-        _finish_stage(run, stage, is_last=stage is stages[-1])
+        _finish_stage(run, stage, is_last=stage is stages[-1] or reached)
         progress.stage_index += 1
+        if reached:
+            run.console.info(f"step {progress.step}: held-out accuracy {progress.accuracy[progress.step]:.3f} reached "
+                             f"train.stop_at_accuracy {cfg.train.stop_at_accuracy:g}; the run ends here")
+            break
         if stage is not stages[-1]:
             _checkpoint(run, progress)
 
@@ -333,6 +346,8 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     batch = run.builder.next_batch(sampling, timer)
     if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
         return None
+    # Pipelined rollout: the next steps' batches generate while this one trains.
+    run.builder.prefetch(sampling, prefetch_room(cfg, stage, step, len(run.builder.pending)))
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
     train, ref_refs, extra = batch.train, None, {}
@@ -357,6 +372,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
 def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
     """Save the stage's weights and ledger; drop the easy prompts for the next stage."""
     cfg, builder = run.cfg, run.builder
+    builder.discard_pending()  # none normally (_prefetch_room): the next stage draws from other prompts
     folder = run.output_dir / "stages" / stage.name
     folder.mkdir(parents=True, exist_ok=True)
     builder.ledger.save(folder / "ledger.jsonl")

@@ -1,7 +1,8 @@
 """One step's training batch: rollout and scoring, then the batch-level techniques of the recipe.
 
-    builder = BatchBuilder(cfg, workers, stream)
-    batch = builder.next_batch(sampling, step, timer)   # StepBatch; batch.train is None: skip the step
+    builder = BatchBuilder(cfg, workers, stream, recovery, policy_version=lambda: sync.version)
+    batch = builder.next_batch(sampling, timer)   # StepBatch; batch.train is None: skip the step
+    builder.prefetch(sampling, 1)                 # pipelined rollout: the next step's batch starts now
 
 In order, each a config switch:
 1. rollout + scoring of prompts_per_step prompts; with dynamic sampling (DAPO), more batches of
@@ -14,11 +15,15 @@ Every generated row, trained on or not, updates the per-prompt ledger and the re
 Decisions are made on the small arrays of `StepRows`; token arrays stay in the object store.
 A rollout or reward worker that dies mid-batch is replaced (cluster/recovery.py) and only what it
 held is issued again, with the same sampling seed: the batch is the one an unhurt run draws.
+A batch started ahead (prefetch) was sampled by the weights the workers held then; its metrics say
+how many updates old they are (batch/staleness) and every row carries its policy version.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -57,12 +62,28 @@ class StepBatch:
     metrics: dict[str, float] = field(default_factory=dict)  # batch/* and polaris/* of this step
 
 
+@dataclass
+class Generation:
+    """One batch of prompts sent to the rollout workers, its scoring queued behind it; `finish`
+    waits for it. Pipelined rollout starts generations a step or more before they are needed."""
+
+    prompts: list[Prompt]
+    sampling: SamplingSettings  # with this batch's seed
+    group_offset: int  # group id of its first prompt within the step
+    per_worker: list[list]  # per rollout worker, its RolloutSlice refs (one per learner rank)
+    tasks: list  # per slice (rank-major order), its scoring calls
+    policy_version: int  # the weights the rollout workers hold when it was queued
+    cursor: dict  # the builder's data cursor before it was drawn (a checkpoint rewinds to it)
+
+
 class BatchBuilder:
-    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream, recovery: WorkerRecovery | None = None):
+    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream, recovery: WorkerRecovery | None = None,
+                 policy_version: Callable[[], int] = lambda: 0):
         self.cfg = cfg
         self.workers = workers
         self.stream = stream
         self.recovery = recovery  # brings back a rollout or reward worker that died mid-step
+        self.policy_version = policy_version  # the weights version the rollout workers hold now
         self.reissued_prompts = 0
         self.plan = plan_batches(cfg)
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
@@ -70,7 +91,21 @@ class BatchBuilder:
         self.rescue = RescueBuffer()
         self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
+        self.pending: deque[Generation] = deque()  # started ahead of their step (rollout.max_staleness)
         self.last_batch: StepBatch | None = None  # for the sample tables
+
+    def prefetch(self, sampling: SamplingSettings, count: int) -> None:
+        """Start the next `count` steps' first generation batches now, with the weights the workers
+        hold, so that they run while the learner updates (pipelined rollout)."""
+        for _ in range(count):
+            self.pending.append(self._start(sampling, group_offset=0))
+
+    def discard_pending(self) -> None:
+        """Forget the batches started ahead (their prompts and seeds will be drawn again): before the
+        prompts change at a stage end."""
+        if self.pending:
+            self._rewind(self.pending[0].cursor)
+            self.pending.clear()
 
     def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
         cfg = self.cfg
@@ -78,19 +113,27 @@ class BatchBuilder:
         refs: list = []
         slice_rows: list[int] = []
         generations: list[StepRows] = []
-        faults_before = (dict(self.recovery.replaced) if self.recovery else {}, self.reissued_prompts)
+        versions: list[int] = []
+        faults_before = (dict(self.recovery.replaced) if self.recovery else {}, self.reissued_prompts,
+                         self.recovery.seconds if self.recovery else 0.0)
         accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
+        generation = self.pending.popleft() if self.pending else self._start(sampling, group_offset=0)
         while True:
-            # Group ids run on across tries, so groups of different tries never merge.
-            rows = self._generate(self.stream.take(p), sampling, len(generations) * p, refs, slice_rows, timer)
+            versions.append(generation.policy_version)
+            rows = self._finish(generation, refs, slice_rows, timer)
             generations.append(rows)
             if accumulator is None:
                 break
             accumulator.add(len(generations) - 1, rows.rewards, rows.group_ids)
             if accumulator.done:
                 break
+            # Group ids run on across tries, so groups of different tries never merge.
+            generation = self._start(sampling, group_offset=len(generations) * p)
         generated = StepRows.concat(generations)
-        metrics = {"batch/generation_tries": float(len(generations))}
+        # Updates between the weights that sampled the oldest batch and the learner's now.
+        metrics = {"batch/generation_tries": float(len(generations)),
+                   "batch/staleness": float(self.policy_version() - min(versions)),
+                   "batch/policy_version": float(min(versions))}
         train = generated if accumulator is None else self._dynamic_sample(generated, generations, accumulator, metrics)
 
         if train is not None and cfg.polaris.rescue:
@@ -105,6 +148,7 @@ class BatchBuilder:
             for role in ("rollout", "reward"):
                 metrics[f"faults/{role}_replaced"] = float(self.recovery.replaced[role] - faults_before[0].get(role, 0))
             metrics["faults/reissued_prompts"] = float(self.reissued_prompts - faults_before[1])
+            metrics["faults/recovery_seconds"] = self.recovery.seconds - faults_before[2]
         # Two runs drew the same prompts in the same order at this step exactly when these agree.
         metrics["batch/prompt_digest"] = float(zlib.crc32(generated.prompt_uids.astype(np.int64).tobytes()))
         self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
@@ -112,55 +156,72 @@ class BatchBuilder:
 
     # -- rollout and scoring ---------------------------------------------------------------------
 
-    def _generate(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int,
-                  refs: list, slice_rows: list[int], timer) -> StepRows:
-        """Sample and score one batch of prompts; appends its slice refs to `refs` (and their row
-        counts to `slice_rows`), so the returned rows' sources index `refs`."""
+    def _start(self, sampling: SamplingSettings, group_offset: int) -> Generation:
+        """Draw the next prompts and queue their rollout and scoring; nothing is waited for."""
         workers = self.workers
-        first_source = len(refs)
+        cursor = self._cursor()
+        prompts = self.stream.take(self.plan.prompts_per_step)
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
-        with timer("rollout"):
-            per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset)
-            ray.wait(rank_major(per_worker), num_returns=len(workers.learners) * len(workers.rollouts), fetch_local=False)
-        rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
+        per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset)
+        rows_per_slice = self._rows_per_slice(prompts, sampling)
+        tasks = [score_tasks(workers, ref, rows_per_slice) for ref in rank_major(per_worker)]
+        return Generation(prompts, sampling, group_offset, per_worker, tasks, self.policy_version(), cursor)
+
+    def _rows_per_slice(self, prompts: list[Prompt], sampling: SamplingSettings) -> int:
+        return len(prompts) * sampling.samples_per_prompt // (len(self.workers.learners) * len(self.workers.rollouts))
+
+    def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer) -> StepRows:
+        """Wait for a generation's rollout and scores; appends its slice refs to `refs` (and their
+        row counts to `slice_rows`), so the returned rows' sources index `refs`."""
+        workers = self.workers
+        first_source = len(refs)
+        with timer("rollout"):  # the part of the rollout the step waits for
+            ray.wait(rank_major(generation.per_worker), num_returns=len(workers.learners) * len(workers.rollouts),
+                     fetch_local=False)
+        rows_per_slice = self._rows_per_slice(generation.prompts, generation.sampling)
         with timer("reward"):
-            new_refs, scored = self._score_all(per_worker, prompts, sampling, group_offset, rows_per_slice)
+            new_refs, scored = self._score_all(generation, rows_per_slice)
             self.failures.record(*failure_counts(scored))
             if (stop := self.failures.check()) is not None:
                 raise RewardFailureError(stop)
         refs.extend(new_refs)
         slice_rows.extend([rows_per_slice] * len(new_refs))
-        rewards, weights = shape_rewards(self.cfg, scored, sampling.max_new_tokens)
+        rewards, weights = shape_rewards(self.cfg, scored, generation.sampling.max_new_tokens)
         return StepRows.from_scored(scored, rewards, weights, first_source)
 
-    def _score_all(self, per_worker: list[list], prompts: list[Prompt], sampling: SamplingSettings, group_offset: int,
-                   rows_per_slice: int) -> tuple[list, list[ScoredSlice]]:
-        """Score every slice. A rollout worker that died is replaced (WorkerRecovery) and only its
-        share of the prompts is generated again, with the same seed; a reward worker that died is
-        replaced and the slices not yet scored are scored again. Every prompt's group is then in
-        the batch exactly once."""
+    def _score_all(self, generation: Generation, rows_per_slice: int) -> tuple[list, list[ScoredSlice]]:
+        """Collect every slice's scores. A worker that died is replaced (WorkerRecovery) and only what
+        it held is issued again: a rollout worker's share of the prompts, with the same seed, and the
+        scoring of its slices; a reward worker's unfinished parts. Every prompt's group is then in
+        the batch exactly once, and nothing is scored twice."""
+        workers, per_worker, tasks = self.workers, generation.per_worker, generation.tasks
+        refs = rank_major(per_worker)
         scored: dict[int, ScoredSlice] = {}
         while True:
-            refs = rank_major(per_worker)
-            tasks = {i: score_tasks(self.workers, ref, rows_per_slice) for i, ref in enumerate(refs) if i not in scored}
             try:
-                for i, slice_tasks in tasks.items():
-                    scored[i] = collect_scores(self.cfg, slice_tasks)
+                for i, slice_tasks in enumerate(tasks):
+                    if i not in scored:
+                        scored[i] = collect_scores(self.cfg, slice_tasks)
                 return refs, [scored[i] for i in range(len(refs))]
             except ray.exceptions.RayError as err:
                 if self.recovery is None:
                     raise
                 role, index = self.recovery.recover(err)
-                if role == "rollout":
-                    share, offset = worker_share(prompts, index, len(self.workers.rollouts))
-                    per_worker[index] = generate_refs(self.workers.rollouts[index], share, group_offset + offset, sampling,
-                                                      len(self.workers.learners))
-                    self.reissued_prompts += len(share)
-                    # rank_major: the slice of rank r from worker w is at r * R + w.
-                    for r in range(len(self.workers.learners)):
-                        scored.pop(r * len(self.workers.rollouts) + index, None)
-                    self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
+            if role == "rollout":
+                share, offset = worker_share(generation.prompts, index, len(workers.rollouts))
+                per_worker[index] = generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
+                                                  generation.sampling, len(workers.learners))
+                refs = rank_major(per_worker)
+                for i in worker_positions(index, len(workers.rollouts), len(workers.learners)):
+                    tasks[i] = score_tasks(workers, refs[i], rows_per_slice)
+                    scored.pop(i, None)  # scores belong with the slice they were taken from
+                self.reissued_prompts += len(share)
+                self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
+            else:
+                parts = sum(reissue_lost_part(workers.rewards, tasks[i], index, refs[i], rows_per_slice)
+                            for i in range(len(tasks)) if i not in scored)
+                self.recovery.log(f"re-issued reward-{index}'s {parts} unfinished scoring calls")
 
     # -- dynamic sampling ------------------------------------------------------------------------
 
@@ -226,14 +287,23 @@ class BatchBuilder:
         """Everything a resumed run needs to draw the same batches (JSON): the data cursor and the
         prompts still in play (drop-easy shrinks them), the sampling-seed counter (the rollout
         engines' only randomness), substitution's RNG, the ledger, rescue buffer and failure window."""
+        # Batches started ahead are not in the checkpoint: a resumed run draws them again.
+        cursor = self.pending[0].cursor if self.pending else self._cursor()
         return {
-            "stream": {**self.stream.state(), "uids": [p.uid for p in self.stream.prompts]},
-            "batches_drawn": self.batches_drawn,
+            "stream": {**cursor["stream"], "uids": [p.uid for p in self.stream.prompts]},
+            "batches_drawn": cursor["batches_drawn"],
             "rng": self.rng.bit_generator.state,
             "ledger": self.ledger.state_dict(),
             "rescue": self.rescue.state_dict(),
             "failures": self.failures.state_dict(),
         }
+
+    def _cursor(self) -> dict:
+        return {"stream": self.stream.state(), "batches_drawn": self.batches_drawn}
+
+    def _rewind(self, cursor: dict) -> None:
+        self.stream = PromptStream(self.stream.prompts, seed=self.cfg.seed, **cursor["stream"])
+        self.batches_drawn = cursor["batches_drawn"]
 
     def load_state_dict(self, state: dict, all_prompts: list[Prompt]) -> None:
         stream = state["stream"]
@@ -298,35 +368,70 @@ def rank_major(per_worker: list[list]) -> list:
     return [per_worker[w][r] for r in range(len(per_worker[0])) for w in range(len(per_worker))]
 
 
+def worker_positions(worker: int, num_workers: int, num_ranks: int) -> list[int]:
+    """Where rollout worker `worker`'s slices sit in rank_major's order: rank r's is r * num_workers + worker."""
+    return [r * num_workers + worker for r in range(num_ranks)]
+
+
 def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
     tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
     return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
 
 
-def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[list, object | None]:
+def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, object], object | None]:
     """One slice's scoring calls: the reward pool's parts of its rows, and the reward model's call."""
     model = workers.reward_model.score.remote(slice_ref) if workers.reward_model is not None else None
     return pool_tasks(workers.rewards, slice_ref, rows), model
 
 
-def pool_tasks(rewards: list, slice_ref, rows: int) -> list:
-    """The slice's rows split evenly across the reward workers: one call per worker with rows."""
-    k = len(rewards)
-    bounds = [rows * j // k for j in range(k + 1)]
-    return [rewards[j].score.remote(slice_ref, bounds[j], bounds[j + 1]) for j in range(k) if bounds[j] < bounds[j + 1]]
+def pool_bounds(rows: int, num_workers: int) -> list[tuple[int, int]]:
+    """Reward worker j's rows [start, stop) of a slice, j = 0..num_workers-1: an even split."""
+    bounds = [rows * j // num_workers for j in range(num_workers + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
-def collect_scores(cfg: Config, tasks: tuple[list, object | None]) -> ScoredSlice:
+def pool_tasks(rewards: list, slice_ref, rows: int) -> dict[int, object]:
+    """The slice's rows split evenly across the reward workers: reward worker index -> its call,
+    for the workers that get rows."""
+    return {j: rewards[j].score.remote(slice_ref, start, stop)
+            for j, (start, stop) in enumerate(pool_bounds(rows, len(rewards))) if start < stop}
+
+
+def reissue_lost_part(rewards: list, tasks: tuple[dict[int, object], object | None], worker: int, slice_ref,
+                      rows: int) -> int:
+    """After reward worker `worker` was replaced: call it again for its part of the slice when that
+    call did not finish (every call in flight on a dead actor fails; Ray does not retry them).
+    Returns the number of calls issued again (0 or 1)."""
+    parts = tasks[0]
+    if worker not in parts or not call_lost(parts[worker]):
+        return 0
+    start, stop = pool_bounds(rows, len(rewards))[worker]
+    parts[worker] = rewards[worker].score.remote(slice_ref, start, stop)
+    return 1
+
+
+def call_lost(ref) -> bool:
+    """Whether a call's result is missing: it failed with an actor's death, or has not finished."""
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return True
+    except ray.exceptions.RayError:  # the call itself failed: collecting it says how
+        return False
+
+
+def collect_scores(cfg: Config, tasks: tuple[dict[int, object], object | None]) -> ScoredSlice:
     parts, model = tasks
-    scored = ScoredSlice.concat(ray.get(parts))
+    scored = ScoredSlice.concat(ray.get(list(parts.values())))
     return scored if model is None else scored.with_function("reward_model", ray.get(model), cfg.reward.model.weight)
 
 
 def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
     parts = [pool_tasks(rewards, ref, n) for ref, n in zip(slice_refs, rows)]
-    return [ScoredSlice.concat(ray.get(per_slice)) for per_slice in parts]
+    return [ScoredSlice.concat(ray.get(list(per_slice.values()))) for per_slice in parts]
 
 
 def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:

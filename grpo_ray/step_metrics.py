@@ -58,6 +58,9 @@ def step_metrics(
         metrics[name] = float(np.mean([s.metrics[name] for s in stats]))
     metrics.update(timings)
     metrics["timing/step"] = step_seconds
+    # What the step spent outside its timed phases: the driver's own orchestration.
+    metrics["timing/overhead"] = max(step_seconds - sum(timings.values()), 0.0)
+    metrics["throughput/samples_per_s"] = len(generated) / step_seconds
     metrics["throughput/completion_tokens_per_s"] = float(generated.completion_lengths.sum()) / step_seconds
     metrics["throughput/learner_tokens_per_s"] = sum(s.num_tokens for s in stats) / max(timings.get("timing/update", 0.0), 1e-9)
     metrics["sync/seconds"] = synced.seconds

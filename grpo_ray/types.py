@@ -69,7 +69,7 @@ class RolloutSlice:
     answers: list[str]  # [N] reference answer of each row
     finish_reasons: list[str]  # [N] "stop" | "length"
     row_fields: dict[str, list[object]]  # extra dataset fields, each a list of N values
-    policy_version: int  # weights version the rollout engine sampled with
+    policy_versions: np.ndarray  # [N] int64: weights version each row was sampled with (rescued rows keep theirs)
     group_diversity: np.ndarray  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts); NaN: no 4-gram
 
     @property
@@ -96,7 +96,7 @@ class RolloutSlice:
             answers=pick(self.answers),
             finish_reasons=pick(self.finish_reasons),
             row_fields={name: pick(values) for name, values in self.row_fields.items()},
-            policy_version=self.policy_version,
+            policy_versions=self.policy_versions[rows],
             group_diversity=self.group_diversity[rows],
         )
 
@@ -122,8 +122,7 @@ class RolloutSlice:
             finish_reasons=joined("finish_reasons"),
             row_fields={name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
                         for name in sorted({n for p in parts for n in p.row_fields})},
-            # The oldest weights any row was sampled with: staleness is never under-reported.
-            policy_version=min(p.policy_version for p in parts),
+            policy_versions=np.concatenate([p.policy_versions for p in parts]),
             group_diversity=np.concatenate([p.group_diversity for p in parts]),
         )
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_ray.algo import grpo_loss, mismatch_stats, truncated_is_weights
-from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buckets
+from grpo_ray.algo import behaviour_is_weights, grpo_loss, mismatch_stats
+from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buckets, timed_raw_broadcast
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
@@ -56,6 +56,7 @@ class LearnerSettings:
     epochs_per_batch: int = 1
     dual_clip: float | None = None
     tis_cap: float | None = None
+    staleness_is_cap: float = 2.0
     lora_enabled: bool = False
     lora_rank: int = 8
     lora_alpha: float = 16.0
@@ -139,6 +140,9 @@ class LearnerWorker:
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
         batch = _concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
+        # These weights are version step - 1; a row sampled with older ones is off-policy.
+        versions = np.concatenate([sl.policy_versions for sl in slices])
+        batch["stale"] = torch.from_numpy(versions < shard.step - 1)
         s = self.settings
         self.engine.train()
         sums: dict[str, float] = {}
@@ -157,9 +161,10 @@ class LearnerWorker:
                 # One pass: pi_old is the current policy (ratio 1 in value). Several passes (mu > 1):
                 # pi_old is the behaviour policy, whose log-probs the rollout engine recorded.
                 old_logprobs = learner_old[index] if s.epochs_per_batch == 1 else mb["rollout_logprobs"]
-                is_weights = None
-                if s.tis_cap is not None:
-                    is_weights = truncated_is_weights(learner_old[index], mb["rollout_logprobs"], s.tis_cap)
+                # Stale rows (pipelined rollout, rescued responses) are reweighted by pi_old / mu.
+                # With mu > 1 passes the ratio itself is against mu already.
+                stale = mb["stale"] if s.epochs_per_batch == 1 else torch.zeros_like(mb["stale"])
+                is_weights = behaviour_is_weights(learner_old[index], mb["rollout_logprobs"], stale, s.staleness_is_cap, s.tis_cap)
                 out = grpo_loss(
                     logprobs=logprobs,
                     old_logprobs=old_logprobs,
@@ -196,6 +201,8 @@ class LearnerWorker:
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
+        in_loss = np.concatenate(shard.row_weights) > 0
+        metrics["update/stale_rows"] = float((versions < shard.step - 1)[in_loss].mean()) if in_loss.any() else 0.0
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)
@@ -230,6 +237,10 @@ class LearnerWorker:
     def host_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
         """Rank 0 only: create the broadcast group's store and join it as its rank 0."""
         self._sync_group = BroadcastGroup.join(host, port, 0, world_size, backend, timeout_s)
+
+    def raw_broadcast(self, num_bytes: int) -> float:
+        """Rank 0 only: seconds of a plain broadcast of num_bytes to the rollout workers."""
+        return timed_raw_broadcast(self._sync_group, num_bytes)
 
     def send_weights(self, version: int, buckets: list[list[int]]) -> SyncReport | None:
         """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets
+from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets, timed_raw_broadcast
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
@@ -111,6 +111,10 @@ class RolloutWorker:
         self._specs, self._buckets = specs, buckets
         self._group = BroadcastGroup.join(host, port, self.settings.index + 1, world_size, backend, timeout_s)
 
+    def raw_broadcast(self, num_bytes: int) -> float:
+        """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick)."""
+        return timed_raw_broadcast(self._group, num_bytes)
+
     def receive_weights(self, version: int) -> SyncReport:
         """Receive every bucket from learner rank 0 and load it into the engine in place."""
         assert self._group is not None, "join_weight_sync first"
@@ -163,6 +167,6 @@ def pack_slice(
         answers=[p.answer for _, p, _ in rows],
         finish_reasons=[c.finish_reason for _, _, c in rows],
         row_fields={name: [p.fields.get(name) for _, p, _ in rows] for name in field_names},
-        policy_version=policy_version,
+        policy_versions=np.full(n, policy_version, dtype=np.int64),
         group_diversity=np.array([diversity_by_group[g] for g, _, _ in rows], dtype=np.float64),
     )

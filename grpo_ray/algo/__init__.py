@@ -24,6 +24,7 @@ from grpo_ray.algo.logits import entropy_from_logits, token_logprobs_from_logits
 from grpo_ray.algo.loss import (
     GRPOLossOutput,
     PolicyLossTerms,
+    behaviour_is_weights,
     grpo_loss,
     mismatch_stats,
     policy_gradient_loss,
@@ -40,6 +41,7 @@ __all__ = [
     "MaskCounts",
     "PolicyLossTerms",
     "aggregate_loss",
+    "behaviour_is_weights",
     "compute_advantages",
     "entropy_from_logits",
     "get_advantage_estimator",

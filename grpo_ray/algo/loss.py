@@ -26,6 +26,12 @@ How this departs from the GRPO paper (DeepSeekMath):
   importance sampling (Yao et al., "Your efficient RL framework secretly brings you off-policy
   RL training") reweights each token by min(pi_old / pi_rollout, cap).
 
+- Off-policy rows (pipelined rollout with max_staleness > 0, rescued responses): the sampling
+  policy mu is older than pi_old. As in decoupled PPO (Hilton et al., 2022; AReaL), the ratio
+  stays pi_theta / pi_old (the learner's own log-probs: the trust region is around the current
+  policy) and each token of such a row is weighted by min(pi_old / mu, cap) from the behaviour
+  log-probs the rollout engine recorded, so the gradient estimates the on-policy one.
+
 With one update per rollout batch old_logp equals logp numerically, rho = 1 and the clip never
 binds; the loss still has the right gradient, -A_i * grad logp_t.
 """
@@ -130,6 +136,32 @@ def truncated_is_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, cap: fl
     # large gap.
     log_ratio = (old_logprobs - rollout_logprobs).detach()
     return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, math.log(cap)))
+
+
+def behaviour_is_weights(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, stale_rows: Tensor, stale_cap: float, tis_cap: float | None
+) -> Tensor | None:
+    """Per-token importance weights of a micro-batch whose rows may come from older policies.
+
+    Rows sampled with older weights (stale_rows) get min(pi_old / mu, stale_cap), mu being the
+    behaviour policy whose log-probs the rollout engine recorded; fresh rows get truncated IS at
+    tis_cap when that is set (engine mismatch only), else 1.
+
+    Args:
+        old_logprobs: [N, T] learner log-probs before the update (pi_old).
+        rollout_logprobs: [N, T] behaviour log-probs of the same tokens.
+        stale_rows: [N] bool, True where the row's policy version is older than the learner's.
+        stale_cap: upper bound of a stale row's weight.
+        tis_cap: upper bound of a fresh row's weight; None: fresh rows are not reweighted.
+
+    Returns:
+        [N, T] weights, no gradient; None when nothing is reweighted (no stale row, no tis_cap).
+    """
+    fresh = truncated_is_weights(old_logprobs, rollout_logprobs, tis_cap) if tis_cap is not None else None
+    if not bool(stale_rows.any()):
+        return fresh
+    stale = truncated_is_weights(old_logprobs, rollout_logprobs, stale_cap)
+    return torch.where(stale_rows[:, None], stale, fresh if fresh is not None else torch.ones_like(stale))
 
 
 @torch.no_grad()

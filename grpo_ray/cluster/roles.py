@@ -79,6 +79,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         epochs_per_batch=a.epochs_per_batch,
         dual_clip=a.dual_clip,
         tis_cap=a.tis_cap,
+        staleness_is_cap=a.staleness_is_cap,
         lora_enabled=lora.enabled,
         lora_rank=lora.rank,
         lora_alpha=lora.alpha,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -90,6 +91,23 @@ class BroadcastGroup:
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         self.group.broadcast([tensor]).wait()
+
+
+def timed_raw_broadcast(group: BroadcastGroup, num_bytes: int, repeats: int = 3) -> float:
+    """Seconds of one plain broadcast of `num_bytes` in this group (the best of `repeats`), every
+    rank calling it at once: the yardstick a weight sync of the same bytes is measured against."""
+    buffer = torch.zeros(num_bytes, dtype=torch.uint8, device=group.device)
+    group.broadcast(buffer)  # the first one connects the pairs: not timed
+    best = float("inf")
+    for _ in range(repeats):
+        if group.device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        group.broadcast(buffer)
+        if group.device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 def send_buckets(

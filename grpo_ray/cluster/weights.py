@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 
 from grpo_ray.cluster.actors import error_line, node_address_and_port
 from grpo_ray.types import Probe, SyncReport
@@ -80,6 +81,17 @@ class WeightBroadcaster:
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         return SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes one sync sends."""
+        return sum(spec.numel * getattr(torch, spec.dtype).itemsize for spec in self.specs)
+
+    def raw_broadcast_gbps(self, num_bytes: int) -> float:
+        """GB/s of a plain broadcast of num_bytes from learner rank 0 to every rollout worker, in the
+        sync's own group: the most a weight sync of those bytes could reach."""
+        calls = [self.learners[0].raw_broadcast.remote(num_bytes)] + [w.raw_broadcast.remote(num_bytes) for w in self.rollouts]
+        return num_bytes / max(ray.get(calls, timeout=self.timeout_s)) / 1e9
 
     def check_probe(self, probe: Probe, tolerance: float) -> float:
         """Largest |engine - learner| log-prob over the probe's completion tokens, all workers."""

@@ -232,3 +232,14 @@ def _check_stages(cfg: Config) -> None:
             f"rollout.vllm.max_model_len: {cfg.rollout.vllm.max_model_len} cannot hold data.max_prompt_tokens + the "
             f"longest max_new_tokens = {needed}; raise it or leave it null"
         )
+
+
+def prefetch_room(cfg: Config, stage: StagePlan, step: int, pending: int) -> int:
+    """How many later steps' batches may start during step `step`'s update: those up to
+    rollout.max_staleness steps ahead, none past the next checkpoint or the stage's end. A batch
+    after a checkpoint is then drawn with the checkpoint's weights, as a resumed run draws it."""
+    horizon = step + cfg.rollout.max_staleness
+    boundary = stage.last_step
+    if cfg.train.checkpoint_every:
+        boundary = min(boundary, -(-step // cfg.train.checkpoint_every) * cfg.train.checkpoint_every)
+    return max(0, min(horizon, boundary) - step - pending)

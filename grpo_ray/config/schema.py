@@ -123,6 +123,10 @@ class RolloutConfig(_RoleSection):
     tensor_parallel_size: int = Field(1, ge=1)
     # Torch threads inside each worker.
     torch_threads: int = Field(1, ge=1)
+    # Pipelined rollout: the batches of up to this many later steps are generated while the
+    # learner updates, by weights at most this many updates old (0: strictly on-policy). Every
+    # row records its policy version; stale rows are reweighted (algorithm.staleness_is_cap).
+    max_staleness: int = Field(0, ge=0)
     vllm: VllmConfig = VllmConfig()
 
 
@@ -203,6 +207,9 @@ class AlgorithmConfig(_Section):
     # Truncated importance sampling: weight each token's loss by min(pi_learner / pi_rollout, cap),
     # correcting the rollout engine's numerical mismatch; null: off.
     tis_cap: float | None = Field(None, gt=0)
+    # Rows sampled by an older policy (rollout.max_staleness > 0, POLARIS's rescued responses):
+    # each token's loss is weighted by min(pi_learner / pi_behaviour, this), decoupled-PPO style.
+    staleness_is_cap: float = Field(2.0, gt=0)
     # Completions cut at rollout.max_new_tokens: none, zero_reward (POLARIS), mask (out of the loss),
     # soft_penalty (DAPO: linear penalty over the last overlong_buffer tokens).
     overlong: Literal["none", "zero_reward", "mask", "soft_penalty"] = "none"
@@ -275,6 +282,9 @@ class TrainConfig(_Section):
     eval_temperature: float = Field(0.0, ge=0)
     # Samples per evaluation prompt; accuracy is their mean (avg@k). Needs eval_temperature > 0 when > 1.
     eval_samples: int = Field(1, ge=1)
+    # End the run at the first evaluation whose held-out accuracy reaches this (its model and a
+    # final checkpoint are saved as at the last step); null: run every step.
+    stop_at_accuracy: float | None = Field(None, gt=0, le=1)
 
 
 class StageConfig(_Section):
@@ -317,6 +327,9 @@ class WeightSyncConfig(_Section):
     probe_tolerance: float = Field(1e-3, gt=0)
     # Seconds a sync may take before it is an error.
     timeout_s: float = Field(600.0, gt=0)
+    # At the start, time a plain broadcast of the model's bytes in the sync's group and log it as
+    # sync/raw_broadcast_gbps, the yardstick of sync/gbytes_per_s (costs three more broadcasts).
+    measure_raw_broadcast: bool = False
 
 
 class TrackingConfig(_Section):

@@ -222,15 +222,18 @@ def test_assemble_rows_of_two_widths_with_a_repeat():
     np.testing.assert_array_equal(out.group_diversity, [0.25, 0.5, 0.25, 0.5])
     # Slice B has no "level" field: its rows get None.
     assert out.row_fields == {"level": [None, 1, None, 1]}
-    # The oldest version of any row (B's 2, not A's 3).
-    assert out.policy_version == 2
+    # Every row keeps the weights version it was sampled with: B's 2, A's 3.
+    np.testing.assert_array_equal(out.policy_versions, [2, 3, 2, 3])
     np.testing.assert_array_equal(out.completion_lengths, [4, 1, 1, 1])
 
 
 def test_assemble_replacement_longer_than_the_slice_widens_it():
     # Row 1 of slice A (prompt 5 6, completion 13) gets 4 tokens: 2 + 4 = 6 > width 4.
-    response = KeptResponse([31, 32, 33, 34], [-0.5, -0.25, -0.125, -1.0], "new long", "length", 1.0, {"correct": 1.0})
+    response = KeptResponse([31, 32, 33, 34], [-0.5, -0.25, -0.125, -1.0], "new long", "length", 1.0, {"correct": 1.0},
+                            policy_version=1)
     out = assemble_slice(_plan([0, 0], [0, 1], [0, 0], {1: response}), [_slice_a()], PAD)
+    # The rescued row is as old as the policy that sampled it.
+    np.testing.assert_array_equal(out.policy_versions, [3, 1])
     # Every row widens to 6; row 0 gains two pad columns.
     np.testing.assert_array_equal(out.input_ids, [[5, 6, 11, 12, PAD, PAD], [5, 6, 31, 32, 33, 34]])
     np.testing.assert_array_equal(out.attention_mask, [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
@@ -262,7 +265,7 @@ def test_read_response_then_replace_reproduces_the_row():
     b = _slice_b()
     response = read_response(b, 0, reward=np.float64(0.5), per_function={"correct": np.float32(1.0)})
     # The generated part of row 0: tokens 21-24 with their log-probs; plain Python values (JSON-able).
-    assert response == KeptResponse([21, 22, 23, 24], [-1.0, -2.0, -3.0, -4.0], "long", "length", 0.5, {"correct": 1.0})
+    assert response == KeptResponse([21, 22, 23, 24], [-1.0, -2.0, -3.0, -4.0], "long", "length", 0.5, {"correct": 1.0}, 2)
     assert all(type(t) is int for t in response.token_ids) and type(response.reward) is float
     # Row 1 (same prompt) takes row 0's response: row 1 becomes a copy of row 0.
     out = assemble_slice(_plan([1, 1], [0, 1], [1, 1], {1: response}), [b], PAD)

@@ -96,6 +96,7 @@ def test_loading_refuses_pickled_code_and_does_not_run_it(tmp_path, monkeypatch)
 def test_recipe_hash_ignores_where_the_run_runs_but_not_what_it_trains():
     recipe = {"seed": 0, "learner": {"lr": 1e-4}, "ray": {"address": None}}
     assert recipe_hash(recipe) == recipe_hash({**recipe, "ray": {"address": "10.0.0.1:6379"}})
+    assert recipe_hash(recipe) == recipe_hash({**recipe, "output_dir": "/moved/elsewhere"})
     assert recipe_hash(recipe) != recipe_hash({**recipe, "learner": {"lr": 2e-4}})
 
 

@@ -21,7 +21,7 @@ def test_pack_slice_aligns_tokens_masks_and_logprobs():
     np.testing.assert_array_equal(batch.prompt_uids, [7, 9])
     np.testing.assert_array_equal(batch.completion_lengths, [2, 1])
     assert batch.row_fields == {"level": [1, None]}
-    assert batch.finish_reasons == ["stop", "length"] and batch.policy_version == 4
+    assert batch.finish_reasons == ["stop", "length"] and batch.policy_versions.tolist() == [4, 4]
 
 
 def test_shorter_rows_are_right_padded():

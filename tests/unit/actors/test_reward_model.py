@@ -28,7 +28,7 @@ def _slice(prompts, completions) -> RolloutSlice:
         attention_mask=zeros.astype(np.int64), completion_mask=zeros.astype(np.float32),
         rollout_logprobs=zeros.astype(np.float32), prompts=list(prompts),
         completions=list(completions), answers=[""] * n, finish_reasons=["stop"] * n,
-        row_fields={}, policy_version=0, group_diversity=np.zeros(n),
+        row_fields={}, policy_versions=np.zeros(n, dtype=np.int64), group_diversity=np.zeros(n),
     )
 
 

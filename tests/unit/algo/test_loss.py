@@ -7,6 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from grpo_ray.algo import (
+    behaviour_is_weights,
     grpo_loss,
     mask_counts,
     mismatch_stats,
@@ -81,6 +82,28 @@ def test_truncated_is_weights():
     # A huge gap stays finite and capped.
     huge_gap = truncated_is_weights(torch.tensor([500.0]), torch.tensor([0.0]), cap=2.0)
     assert_close(huge_gap, torch.tensor([2.0]))
+
+
+def test_behaviour_is_weights_reweight_only_stale_rows():
+    # Row 0 fresh, row 1 sampled by an older policy. pi_old / mu per token:
+    # row 0 [2, 0.5], row 1 [4, 0.25].
+    old = torch.tensor([[math.log(2.0), math.log(0.5)], [math.log(4.0), math.log(0.25)]])
+    mu = torch.zeros_like(old)
+    stale = torch.tensor([False, True])
+    # Without tis_cap fresh rows weigh 1; the stale row is capped at 3: [3, 0.25].
+    weights = behaviour_is_weights(old, mu, stale, stale_cap=3.0, tis_cap=None)
+    assert_close(weights, torch.tensor([[1.0, 1.0], [3.0, 0.25]]))
+    # With tis_cap 1.5 the fresh row gets truncated IS too: [1.5, 0.5].
+    weights = behaviour_is_weights(old, mu, stale, stale_cap=3.0, tis_cap=1.5)
+    assert_close(weights, torch.tensor([[1.5, 0.5], [3.0, 0.25]]))
+
+
+def test_behaviour_is_weights_nothing_to_reweight_is_none():
+    old = torch.zeros(2, 3)
+    assert behaviour_is_weights(old, old, torch.tensor([False, False]), stale_cap=2.0, tis_cap=None) is None
+    # All fresh with tis_cap: exactly truncated_is_weights.
+    mu = torch.full((2, 3), -1.0)
+    assert_close(behaviour_is_weights(old, mu, torch.tensor([False, False]), 2.0, 2.5), truncated_is_weights(old, mu, 2.5))
 
 
 def test_mismatch_stats():
