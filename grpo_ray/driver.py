@@ -275,6 +275,7 @@ def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReport
 
 
 def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
+    run.tracker.flush()  # the metrics up to this step are in the store before the checkpoint says so
     workers = run.workers
     reference_saved = workers.reference is not None and run.cfg.reference.refresh_every > 0
     state = TrainerState(

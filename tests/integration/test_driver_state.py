@@ -67,3 +67,34 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
     progress.metrics = {"update/skipped": 1.0}
     with pytest.raises(NonFiniteUpdateError, match=r"skipped 3 steps in a row .* \(train.max_nonfinite_updates\)"):
         _count_skipped_update(progress, 3, console)
+
+
+def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
+    from grpo_ray.step_batch import Generation
+    from grpo_ray.types import SamplingSettings
+
+    b = builder()
+    b.stream.take(2)
+    b.batches_drawn = 1
+    before = json.loads(json.dumps(b.state_dict()))
+    # What prefetch does for the next step: note the cursor, draw the prompts and a seed.
+    b.pending.append(Generation(prompts=b.stream.take(2), sampling=SamplingSettings(2, 5, 1.0), group_offset=0,
+                                per_worker=[], tasks=[], policy_version=1, cursor=before_cursor(before)))
+    b.batches_drawn += 1
+    # A checkpoint now holds the cursor from before the batch in flight: a resume draws it again.
+    assert b.state_dict()["stream"] == before["stream"] and b.state_dict()["batches_drawn"] == 1
+    # Dropping it (the prompts change at a stage end) rewinds the builder the same way.
+    b.discard_pending()
+    assert not b.pending and b.batches_drawn == 1
+    assert [p.uid for p in b.stream.take(2)] == [p.uid for p in builder_after(before).stream.take(2)]
+
+
+def before_cursor(state: dict) -> dict:
+    return {"stream": {"epoch": state["stream"]["epoch"], "position": state["stream"]["position"]},
+            "batches_drawn": state["batches_drawn"]}
+
+
+def builder_after(state: dict) -> BatchBuilder:
+    resumed = builder()
+    resumed.load_state_dict(state, PROMPTS)
+    return resumed

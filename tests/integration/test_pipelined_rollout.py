@@ -68,3 +68,15 @@ def test_a_resumed_pipelined_run_continues_exactly(pipelined, tmp_path):
         original = per_step(result.tracking_uri, result.run_id, key)
         again = per_step(resumed.tracking_uri, resumed.run_id, key)
         assert {s: again[s] for s in (4, 5, 6)} == {s: original[s] for s in (4, 5, 6)}, key
+
+
+def test_the_run_ends_at_the_first_evaluation_that_reaches_stop_at_accuracy(tmp_path):
+    # The tiny model starts near 20% held-out accuracy: the first evaluation after step 0 reaches 5%.
+    result = train(load_config(TINY, [f"output_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "data.eval_limit=20",
+                                      "rollout.max_staleness=1", "train.stop_at_accuracy=0.05"]))
+    assert result.steps == 2 and result.eval_accuracy[2] >= 0.05
+    assert result.model_dir is not None and (Path(result.model_dir) / "config.json").exists()
+    # The run is finished: the same command again trains nothing.
+    again = train(load_config(TINY, [f"output_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "data.eval_limit=20",
+                                     "rollout.max_staleness=1", "train.stop_at_accuracy=0.05"]))
+    assert again.steps == 2

@@ -1,0 +1,261 @@
+"""grpo-ray and TRL's GRPOTrainer side by side on the tiny task, on this machine.
+
+    bash scripts/setup.sh && bash benchmarks/setup_trl.sh
+    .venv/bin/python benchmarks/side_by_side.py --json benchmarks/results/side_by_side.json
+
+Both systems train the project's tiny model on the same prompts (the chat-templated token ids),
+32 prompts x 8 completions of at most 5 tokens per step, lr 1e-4, no KL, token-mean loss, one
+pass per batch, the same exact-match reward. Measured:
+
+- samples/s of grpo-ray strictly on-policy and pipelined (rollout.max_staleness 1), and of TRL,
+  over steady-state steps (the first `--warmup` left out), from the wall time between steps;
+- grpo-ray's seconds per phase and its orchestration overhead: wall time per step minus the timed
+  phases (rollout wait, reward, reference, advantages, update, sync), MLflow logging included;
+- weight-sync GB/s next to a plain torch.distributed broadcast of the same bytes between the same
+  processes (learner rank 0 -> rollout workers, in the sync's own group);
+- rollout tokens/s of the vllm backend against the hf backend (on-policy, the rollout phase);
+- time to 60% held-out accuracy (greedy, 500 held-out problems, evaluated every 25 steps)
+  against benchmarks/plain_grpo_loop.py, a single-process loop with the same model and settings.
+
+Writes results/side_by_side.md (a table) and results/side_by_side.png (a chart) next to this
+file, and the figures as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+TRL_PYTHON = HERE / ".venv-trl" / "bin" / "python"
+PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
+# The fastest correct configuration on 2 cores: two data-parallel learner ranks (one core's worth
+# each) and one rollout worker; pipelined adds max_staleness 1.
+LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128"]
+
+
+def run(command: list[str], log: Path, env: dict | None = None) -> None:
+    started = time.perf_counter()
+    with log.open("w") as out:
+        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    if done.returncode != 0:
+        sys.exit(f"error: {' '.join(command[:4])} ... failed (exit {done.returncode}); its output is in {log}")
+    print(f"  {log.stem}: {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def grpo_ray(name: str, work: Path, sets: list[str]) -> dict:
+    """Train the tiny recipe with these overrides; per-step metrics and their timestamps from MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    out = work / name
+    args = [a for s in [f"output_dir={out}", *sets] for a in ("--set", s)]
+    run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args], work / f"{name}.log")
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
+    run_ = next(r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags)
+    metrics = {}
+    for key in run_.data.metrics:
+        history = sorted(client.get_metric_history(run_.info.run_id, key), key=lambda m: m.step)
+        metrics[key] = {m.step: (m.value, m.timestamp / 1000) for m in history}
+    return metrics
+
+
+def values(metrics: dict, key: str, steps: list[int]) -> np.ndarray:
+    return np.array([metrics[key][s][0] for s in steps])
+
+
+def throughput(metrics: dict, warmup: int, completions_per_step: int) -> dict:
+    steps = sorted(metrics["timing/step"])[warmup:]
+    stamps = [metrics["timing/step"][s][1] for s in steps]
+    wall = (stamps[-1] - stamps[0]) / (len(steps) - 1)  # seconds between step ends: everything the loop does
+    phases = {p: float(values(metrics, f"timing/{p}", steps).mean()) for p in PHASES if f"timing/{p}" in metrics}
+    tokens = float((values(metrics, "response/length_mean", steps) * completions_per_step).mean())
+    rollout = phases["rollout"]
+    return {
+        "samples_per_s": completions_per_step / wall,
+        "seconds_per_step": wall,
+        "phases": phases,
+        "overhead_fraction": max(wall - sum(phases.values()), 0.0) / wall,
+        "rollout_tokens_per_s": tokens / rollout if rollout > 1e-3 else None,
+        "sync_gbps": float(np.median(values(metrics, "sync/gbytes_per_s", steps))),
+        "raw_broadcast_gbps": metrics.get("sync/raw_broadcast_gbps", {}).get(0, (None,))[0],
+        "staleness": float(values(metrics, "batch/staleness", steps).mean()),
+    }
+
+
+def time_to_accuracy(metrics: dict, target: float) -> float | None:
+    """Seconds from the end of the step-0 evaluation to the first evaluation at or above target."""
+    curve = metrics["eval/accuracy"]
+    reached = [s for s in sorted(curve) if s > 0 and curve[s][0] >= target]
+    return curve[reached[0]][1] - curve[0][1] if reached else None
+
+
+def prepare_prompts(work: Path) -> tuple[str, Path]:
+    """The tiny model's folder and its training prompts as chat-templated text that re-tokenises
+    to exactly the token ids grpo-ray samples from."""
+    from grpo_ray.data.loaders import load_rows
+    from grpo_ray.data.prompts import tokenize_prompts
+    from grpo_ray.models.loading import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer("tiny")
+    prompts = tokenize_prompts(load_rows("tiny:train")[0], tokenizer, 32, True).prompts
+    path = work / "prompts.jsonl"
+    with path.open("w") as f:
+        for prompt in prompts:
+            text = tokenizer.decode(prompt.token_ids)
+            if list(tokenizer(text, add_special_tokens=False).input_ids) != list(prompt.token_ids):
+                sys.exit(f"error: prompt {prompt.uid} does not re-tokenise to the same ids; the comparison would be unfair")
+            f.write(json.dumps({"prompt": text, "answer": prompt.answer}) + "\n")
+    return resolve_model_path("tiny"), path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="steps of each throughput run")
+    parser.add_argument("--warmup", type=int, default=8, help="first steps left out of the rates")
+    parser.add_argument("--target", type=float, default=0.6, help="held-out accuracy of the time-to-accuracy race")
+    parser.add_argument("--skip-accuracy", action="store_true", help="leave out the time-to-accuracy race (~10 min)")
+    parser.add_argument("--skip-vllm", action="store_true", help="leave out the vllm backend's rollout run")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--keep", action="store_true", help="keep the runs' folders (printed)")
+    args = parser.parse_args()
+    if not TRL_PYTHON.exists():
+        sys.exit(f"error: {TRL_PYTHON} is missing; run `bash benchmarks/setup_trl.sh` first")
+    os.environ.setdefault("GRPO_RAY_CACHE", str(ROOT / ".cache" / "grpo-ray"))
+    work = Path(tempfile.mkdtemp(prefix="grpo-ray-bench-"))
+    completions = 32 * 8
+    short = [f"train.steps={args.steps}", "train.eval_every=0", "data.eval_limit=20", "weight_sync.probe_every=0",
+             "weight_sync.measure_raw_broadcast=true"]
+    print(f"runs in {work}", flush=True)
+
+    model_dir, prompts = prepare_prompts(work)
+    run([str(TRL_PYTHON), str(HERE / "trl_grpo.py"), "--model", model_dir, "--prompts", str(prompts),
+         "--steps", str(args.steps), "--warmup-steps", str(args.warmup), "--output-dir", str(work / "trl-out"),
+         "--json", str(work / "trl.json")], work / "trl.log")
+    trl = json.loads((work / "trl.json").read_text())
+    on_policy = throughput(grpo_ray("grpo-on-policy", work, short + LEARNERS), args.warmup, completions)
+    pipelined = throughput(grpo_ray("grpo-pipelined", work, short + LEARNERS + ["rollout.max_staleness=1"]), args.warmup, completions)
+    single = throughput(grpo_ray("grpo-one-learner", work, short), args.warmup, completions)
+    vllm = None
+    if not args.skip_vllm:
+        vllm = throughput(grpo_ray("grpo-vllm", work, short + ["rollout.backend=vllm"]), args.warmup, completions)
+
+    race = None
+    if not args.skip_accuracy:
+        run([sys.executable, str(HERE / "plain_grpo_loop.py"), "--steps", "2000", "--eval-every", "25",
+             "--target", str(args.target), "--json", str(work / "plain.json")], work / "plain.log")
+        plain_curve = json.loads((work / "plain.json").read_text())["curve"]
+        plain = next((t for step, t, acc in plain_curve if step > 0 and acc >= args.target), None)
+        raced = grpo_ray("grpo-race", work, LEARNERS + ["rollout.max_staleness=1", "train.steps=2000", "train.eval_every=25",
+                                                         f"train.stop_at_accuracy={args.target}"])
+        ours = time_to_accuracy(raced, args.target)
+        race = {"target": args.target, "plain_seconds": plain, "grpo_seconds": ours,
+                "plain_steps": next((s for s, _, a in plain_curve if s > 0 and a >= args.target), None),
+                "grpo_steps": max(raced["eval/accuracy"]) if ours is not None else None}
+
+    figures = {
+        "grpo_samples_per_s": pipelined["samples_per_s"],
+        "grpo_on_policy_samples_per_s": on_policy["samples_per_s"],
+        "grpo_one_learner_samples_per_s": single["samples_per_s"],
+        "trl_samples_per_s": trl["samples_per_s"],
+        "ratio": pipelined["samples_per_s"] / trl["samples_per_s"],
+        "on_policy_ratio": on_policy["samples_per_s"] / trl["samples_per_s"],
+        "overhead_fraction": pipelined["overhead_fraction"],
+        "on_policy_overhead_fraction": on_policy["overhead_fraction"],
+        "sync_gbps": pipelined["sync_gbps"],
+        "raw_broadcast_gbps": pipelined["raw_broadcast_gbps"],
+        "phases_pipelined": pipelined["phases"],
+        "phases_on_policy": on_policy["phases"],
+        "hf_rollout_tokens_per_s": single["rollout_tokens_per_s"],
+        "vllm_rollout_tokens_per_s": vllm["rollout_tokens_per_s"] if vllm else None,
+        "time_to_acc_ratio": (race["grpo_seconds"] / race["plain_seconds"]) if race and race["grpo_seconds"] and race["plain_seconds"] else None,
+        "time_to_acc": race,
+        "trl_version": trl["trl_version"],
+        "trl_torch_threads": trl["torch_threads"],
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+        "machine": f"{os.cpu_count()} cores, no GPU",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    (results / "side_by_side.md").write_text(markdown(figures))
+    chart(figures, results / "side_by_side.png")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print(markdown(figures))
+    if args.keep:
+        print(f"runs kept in {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def markdown(f: dict) -> str:
+    def num(value, fmt="{:.0f}"):
+        return "n/a" if value is None else fmt.format(value)
+
+    race = f["time_to_acc"] or {}
+    lines = [
+        f"Measured {f['date']} on {f['machine']}: tiny model, 32 prompts x 8 completions of at most 5 tokens per step, "
+        f"{f['steps']} steps ({f['warmup_steps']} warm-up steps left out); TRL {f['trl_version']} with {f['trl_torch_threads']} torch threads.",
+        "",
+        "| | samples/s | vs TRL |",
+        "|---|---:|---:|",
+        f"| TRL GRPOTrainer | {num(f['trl_samples_per_s'])} | 1.00x |",
+        f"| grpo-ray, on-policy, 1 learner | {num(f['grpo_one_learner_samples_per_s'])} | {f['grpo_one_learner_samples_per_s'] / f['trl_samples_per_s']:.2f}x |",
+        f"| grpo-ray, on-policy, 2 learner ranks | {num(f['grpo_on_policy_samples_per_s'])} | {f['on_policy_ratio']:.2f}x |",
+        f"| grpo-ray, pipelined (max_staleness 1), 2 learner ranks | {num(f['grpo_samples_per_s'])} | {f['ratio']:.2f}x |",
+        "",
+        "| grpo-ray, seconds per step | " + " | ".join(f["phases_pipelined"]) + " | overhead |",
+        "|---|" + "---:|" * (len(f["phases_pipelined"]) + 1),
+        "| on-policy | " + " | ".join(f"{v:.3f}" for v in f["phases_on_policy"].values())
+        + f" | {f['on_policy_overhead_fraction']:.1%} |",
+        "| pipelined | " + " | ".join(f"{v:.3f}" for v in f["phases_pipelined"].values()) + f" | {f['overhead_fraction']:.1%} |",
+        "",
+        "| | value |",
+        "|---|---:|",
+        f"| weight sync | {num(f['sync_gbps'], '{:.3f}')} GB/s |",
+        f"| plain broadcast of the same bytes, same processes | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
+        f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
+        f"| rollout tokens/s, vllm backend | {num(f['vllm_rollout_tokens_per_s'])} |",
+        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, plain single-process loop | {num(race.get('plain_seconds'))} s ({num(race.get('plain_steps'))} steps) |",
+        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, grpo-ray pipelined | {num(race.get('grpo_seconds'))} s ({num(race.get('grpo_steps'))} steps) |",
+        f"| time_to_acc_ratio (grpo-ray / plain loop) | {num(f['time_to_acc_ratio'], '{:.2f}')} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def chart(f: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["TRL", "grpo-ray\non-policy\n1 learner", "grpo-ray\non-policy\n2 learners", "grpo-ray\npipelined\n2 learners"]
+    rates = [f["trl_samples_per_s"], f["grpo_one_learner_samples_per_s"], f["grpo_on_policy_samples_per_s"], f["grpo_samples_per_s"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bars = ax.bar(names, rates, color=["#999999", "#8fb3d9", "#4a7fb5", "#1f4e79"])
+    for bar, rate in zip(bars, rates):
+        ax.text(bar.get_x() + bar.get_width() / 2, rate, f"{rate:.0f}\n({rate / rates[0]:.2f}x)", ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("samples (completions) per second")
+    ax.set_title(f"GRPO on the tiny task, {f['machine']}")
+    ax.set_ylim(0, max(rates) * 1.25)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
