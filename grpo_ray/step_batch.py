@@ -71,6 +71,7 @@ class Generation:
     sampling: SamplingSettings  # with this batch's seed
     group_offset: int  # group id of its first prompt within the step
     per_worker: list[list]  # per rollout worker, its RolloutSlice refs (one per learner rank)
+    rows_per_slice: int  # rows of each RolloutSlice
     tasks: list  # per slice (rank-major order), its scoring calls
     policy_version: int  # the weights the rollout workers hold when it was queued
     cursor: dict  # the builder's data cursor before it was drawn (a checkpoint rewinds to it)
@@ -164,12 +165,9 @@ class BatchBuilder:
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset)
-        rows_per_slice = self._rows_per_slice(prompts, sampling)
+        rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
         tasks = [score_tasks(workers, ref, rows_per_slice) for ref in rank_major(per_worker)]
-        return Generation(prompts, sampling, group_offset, per_worker, tasks, self.policy_version(), cursor)
-
-    def _rows_per_slice(self, prompts: list[Prompt], sampling: SamplingSettings) -> int:
-        return len(prompts) * sampling.samples_per_prompt // (len(self.workers.learners) * len(self.workers.rollouts))
+        return Generation(prompts, sampling, group_offset, per_worker, rows_per_slice, tasks, self.policy_version(), cursor)
 
     def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer) -> StepRows:
         """Wait for a generation's rollout and scores; appends its slice refs to `refs` (and their
@@ -179,9 +177,9 @@ class BatchBuilder:
         with timer("rollout"):  # the part of the rollout the step waits for
             ray.wait(rank_major(generation.per_worker), num_returns=len(workers.learners) * len(workers.rollouts),
                      fetch_local=False)
-        rows_per_slice = self._rows_per_slice(generation.prompts, generation.sampling)
+        rows_per_slice = generation.rows_per_slice
         with timer("reward"):
-            new_refs, scored = self._score_all(generation, rows_per_slice)
+            new_refs, scored = self._score_all(generation)
             self.failures.record(*failure_counts(scored))
             if (stop := self.failures.check()) is not None:
                 raise RewardFailureError(stop)
@@ -190,12 +188,12 @@ class BatchBuilder:
         rewards, weights = shape_rewards(self.cfg, scored, generation.sampling.max_new_tokens)
         return StepRows.from_scored(scored, rewards, weights, first_source)
 
-    def _score_all(self, generation: Generation, rows_per_slice: int) -> tuple[list, list[ScoredSlice]]:
+    def _score_all(self, generation: Generation) -> tuple[list, list[ScoredSlice]]:
         """Collect every slice's scores. A worker that died is replaced (WorkerRecovery) and only what
         it held is issued again: a rollout worker's share of the prompts, with the same seed, and the
         scoring of its slices; a reward worker's unfinished parts. Every prompt's group is then in
         the batch exactly once, and nothing is scored twice."""
-        workers, per_worker, tasks = self.workers, generation.per_worker, generation.tasks
+        workers, per_worker, tasks, rows_per_slice = self.workers, generation.per_worker, generation.tasks, generation.rows_per_slice
         refs = rank_major(per_worker)
         scored: dict[int, ScoredSlice] = {}
         while True:

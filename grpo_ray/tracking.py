@@ -142,8 +142,7 @@ class MlflowTracker:
             self.finish(status)
 
     def finish(self, status: str) -> None:
-        self.flush()
-        self.end_stage(status)
+        self.end_stage(status)  # flushes the queued metrics first
         self.client.set_terminated(self.run_id, status=status)
 
 

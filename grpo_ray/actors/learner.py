@@ -141,8 +141,8 @@ class LearnerWorker:
         ref_arrays = list(payload[k:]) if len(payload) > k else None
         batch = _concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
         # These weights are version step - 1; a row sampled with older ones is off-policy.
-        versions = np.concatenate([sl.policy_versions for sl in slices])
-        batch["stale"] = torch.from_numpy(versions < shard.step - 1)
+        stale_rows = np.concatenate([sl.policy_versions for sl in slices]) < shard.step - 1
+        batch["stale"] = torch.from_numpy(stale_rows)
         s = self.settings
         self.engine.train()
         sums: dict[str, float] = {}
@@ -202,7 +202,7 @@ class LearnerWorker:
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
         in_loss = np.concatenate(shard.row_weights) > 0
-        metrics["update/stale_rows"] = float((versions < shard.step - 1)[in_loss].mean()) if in_loss.any() else 0.0
+        metrics["update/stale_rows"] = float(stale_rows[in_loss].mean()) if in_loss.any() else 0.0
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)

@@ -34,8 +34,8 @@ class WorkerRecovery:
         self._restarts: Counter[tuple[str, int]] = Counter()
         # Process ids now, so the log names the process that died and a worker that was only
         # unreachable for a moment (same process) is not taken for a replacement.
-        actors = [("rollout", i, a) for i, a in enumerate(rollouts)] + [("reward", i, a) for i, a in enumerate(rewards)]
-        self._pids = dict(zip([(role, i) for role, i, _ in actors], ray.get([a.pid.remote() for _, _, a in actors])))
+        workers = [(role, i) for role, actors in self._actors.items() for i in range(len(actors))]
+        self._pids = dict(zip(workers, ray.get([self._actors[role][i].pid.remote() for role, i in workers])))
 
     def recover(self, err: BaseException) -> tuple[str, int]:
         """(role, index) of the worker whose death `err` reports, once it is back and, for a rollout

@@ -41,7 +41,7 @@ def plan_buckets(specs: list[WeightSpec], bucket_bytes: int) -> list[list[int]]:
     current_bytes = 0
     current_dtype = None
     for index, spec in enumerate(specs):
-        size = spec.numel * _dtype(spec.dtype).itemsize
+        size = spec_bytes(spec)
         if current and (spec.dtype != current_dtype or current_bytes + size > bucket_bytes):
             buckets.append(current)
             current, current_bytes = [], 0
@@ -51,6 +51,10 @@ def plan_buckets(specs: list[WeightSpec], bucket_bytes: int) -> list[list[int]]:
     if current:
         buckets.append(current)
     return buckets
+
+
+def spec_bytes(spec: WeightSpec) -> int:
+    return spec.numel * _dtype(spec.dtype).itemsize
 
 
 def _dtype(name: str) -> torch.dtype:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
 
 from grpo_ray.cluster.actors import error_line, node_address_and_port
+from grpo_ray.cluster.weight_sync import spec_bytes
 from grpo_ray.types import Probe, SyncReport
 
 
@@ -85,7 +85,7 @@ class WeightBroadcaster:
     @property
     def num_bytes(self) -> int:
         """Bytes one sync sends."""
-        return sum(spec.numel * getattr(torch, spec.dtype).itemsize for spec in self.specs)
+        return sum(spec_bytes(spec) for spec in self.specs)
 
     def raw_broadcast_gbps(self, num_bytes: int) -> float:
         """GB/s of a plain broadcast of num_bytes from learner rank 0 to every rollout worker, in the
