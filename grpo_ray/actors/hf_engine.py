@@ -1,8 +1,8 @@
 """The `hf` rollout backend: transformers `generate` with KV cache. Needs no vLLM.
 
-Log-probs are those of the distribution the token was drawn from: `generate` hands back the
-processed scores (temperature, top-k, top-p applied), and their log-softmax at the chosen token is
-the sampling log-prob. Greedy decoding reports the raw model log-prob.
+Log-probs are those of the distribution the token was drawn from (temperature, top-k and top-p
+applied), recorded step by step by `SampledLogprobs`. Greedy decoding reports the raw model
+log-prob. On a GPU (when Ray gave the actor one) the model and the generation run there.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from grpo_ray.models.loading import load_causal_lm, load_named_weights, sequence_logprobs
+from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, sequence_logprobs
 from grpo_ray.types import Completion, SamplingSettings
 
 
 class HFEngine:
     def __init__(self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None):
         self.tokenizer = tokenizer
-        self.model = load_causal_lm(model_path, dtype, config_overrides).eval()
+        self.device = compute_device()
+        self.model = load_causal_lm(model_path, dtype, config_overrides).to(self.device).eval()
         self.stop_ids = _stop_ids(tokenizer, self.model)
 
     @torch.no_grad()
@@ -34,24 +36,28 @@ class HFEngine:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
         greedy = sampling.temperature == 0
+        recorder = SampledLogprobs(sampling)
         torch.manual_seed(sampling.seed)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
+        sequences = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
             do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy or sampling.top_p >= 1 else sampling.top_p,
-            top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+            # Neutral settings switch off Hugging Face's own warpers and the model file's sampling
+            # defaults (Qwen's generation_config sets top_k, top_p and a repetition penalty): the
+            # recorder applies the recipe's, and is then the last to touch the scores.
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            repetition_penalty=1.0,
+            logits_processor=LogitsProcessorList([recorder]),
             max_new_tokens=sampling.max_new_tokens,
             num_return_sequences=sampling.samples_per_prompt,
             eos_token_id=list(self.stop_ids),
             pad_token_id=pad,
-            output_scores=True,
-            return_dict_in_generate=True,
         )
-        generated = out.sequences[:, width:]  # [P*G, L]
-        scores = torch.stack(out.scores, dim=1).float()  # [P*G, L, V]
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)
+        generated = sequences[:, width:]  # [P*G, L]
+        logprobs = recorder.drawn_logprobs(generated)
+        generated, logprobs = generated.cpu(), logprobs.cpu()  # one copy, not one per token
         completions = [self._completion(generated[i], logprobs[i]) for i in range(generated.shape[0])]
         g = sampling.samples_per_prompt
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
@@ -78,10 +84,51 @@ class HFEngine:
         logprobs, _ = sequence_logprobs(
             self.model, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature
         )
-        return logprobs.numpy()
+        return logprobs.float().cpu().numpy()
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self.model, weights)
+
+
+class SampledLogprobs(LogitsProcessor):
+    """Applies the recipe's temperature, top-k and top-p (Hugging Face's warper classes) and keeps
+    the log-prob of each drawn token under exactly that distribution.
+
+    Only one step's [rows, vocab] log-probs are alive at a time: the token drawn from step t shows
+    up as the last input id at step t+1, where it is looked up and the row dropped. Keeping every
+    step's scores instead (generate's output_scores) needs rows x steps x vocab floats: 159 GB for
+    512 rows of 512 tokens over Qwen's 152K vocabulary.
+    """
+
+    def __init__(self, sampling: SamplingSettings):
+        self.warpers = []
+        if sampling.temperature > 0:
+            if sampling.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                self.warpers.append(TopKLogitsWarper(sampling.top_k))
+            if sampling.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(sampling.top_p))
+        self._last_step: torch.Tensor | None = None
+        self._drawn: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        for warper in self.warpers:
+            scores = warper(input_ids, scores)
+        # Log-softmax leaves the distribution as it is (sampling softmaxes again; argmax is unmoved).
+        self._last_step = torch.log_softmax(scores.float(), dim=-1)
+        return self._last_step
+
+    def _take(self, drawn: torch.Tensor) -> None:
+        if self._last_step is not None:
+            self._drawn.append(self._last_step.gather(-1, drawn[:, None]).squeeze(-1))
+            self._last_step = None
+
+    def drawn_logprobs(self, generated: torch.Tensor) -> torch.Tensor:
+        """[rows, steps] log-probs of the generated tokens (call once, after generate)."""
+        self._take(generated[:, -1])
+        return torch.stack(self._drawn, dim=1) if self._drawn else generated.new_zeros(generated.shape, dtype=torch.float32)
 
 
 def _stop_ids(tokenizer, model) -> frozenset[int]:
