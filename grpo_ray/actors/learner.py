@@ -152,9 +152,11 @@ class LearnerWorker:
         learner_old: dict[int, torch.Tensor] = {}  # the policy's own log-probs before this step
         for epoch in range(s.epochs_per_batch):
             for index, rows in enumerate(micro_batches):
-                mb = _trim_padding({name: value[rows] for name, value in batch.items()})
+                device = self.engine.device
+                mb = {name: value.to(device) for name, value in _trim_padding({n: v[rows] for n, v in batch.items()}).items()}
                 logprobs, entropy = sequence_logprobs(
-                    self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature, with_entropy=True
+                    self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature,
+                    with_entropy=True, entropy_grad=s.entropy_coef != 0,
                 )
                 if epoch == 0:
                     learner_old[index] = logprobs.detach()
@@ -213,7 +215,7 @@ class LearnerWorker:
         """Log-probs [N, T] of given sequences under the current weights (the weight-sync probe)."""
         self.engine.eval()
         logprobs, _ = sequence_logprobs(self.engine, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature)
-        return logprobs.float().numpy()
+        return logprobs.float().cpu().numpy()
 
     def parameters_snapshot(self) -> dict[str, np.ndarray]:
         """Full parameters by name (tests compare ranks and runs with it). Collective under ZeRO-3."""

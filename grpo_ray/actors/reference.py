@@ -14,14 +14,14 @@ import numpy as np
 import torch
 
 from grpo_ray.algo.kl import sequence_kl
-from grpo_ray.models.loading import load_causal_lm, load_named_weights, sequence_logprobs
+from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, sequence_logprobs
 from grpo_ray.types import RolloutSlice
 
 
 class ReferenceWorker:
     def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1):
         torch.set_num_threads(torch_threads)
-        self.model = load_causal_lm(model_path, dtype).eval()
+        self.model = load_causal_lm(model_path, dtype).to(compute_device()).eval()
         self.micro_batch_size = micro_batch_size
 
     def ready(self) -> str:
@@ -39,7 +39,7 @@ class ReferenceWorker:
                 torch.from_numpy(batch.attention_mask[rows]),
                 temperature,
             )
-            parts.append(logprobs.numpy())
+            parts.append(logprobs.float().cpu().numpy())
         return (np.concatenate(parts) * batch.completion_mask).astype(np.float32)
 
     @torch.no_grad()

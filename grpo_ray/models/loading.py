@@ -56,6 +56,11 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def compute_device() -> torch.device:
+    """The GPU this process was given (Ray sets CUDA_VISIBLE_DEVICES per actor), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def load_causal_lm(path: str, dtype: str = "float32", config_overrides: dict | None = None) -> torch.nn.Module:
     """The model at `path`; `config_overrides` are set on its config first (e.g. YaRN rope scaling)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -94,14 +99,21 @@ def sequence_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (column t: log p(token t | tokens < t); column 0 is 0).
 
-    With `with_entropy`, also the entropy [N, T] of the distribution each token was drawn from.
+    With `with_entropy`, also the entropy [N, T] of the distribution each token was drawn from;
+    differentiable only with `entropy_grad` (an entropy bonus). Without it the entropy is a metric,
+    and its [N, T, V] intermediates are freed at once instead of living on in the autograd graph
+    until the micro-batch ends (on a GPU, ~10 GB at 8 x 1024 tokens of a 152K vocabulary).
     Logits are divided by the sampling temperature, as the rollout engine sampled them.
     """
     from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
 
+    # Inputs go where the model's weights are (a DeepSpeed engine or a plain module, CPU or GPU).
+    device = next(model.parameters()).device
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
     logits = logits[:, :-1].float()
@@ -110,7 +122,8 @@ def sequence_logprobs(
     logprobs = torch.cat([zeros, logprobs], dim=1)
     entropy = None
     if with_entropy:
-        entropy = torch.cat([zeros, entropy_from_logits(logits, temperature)], dim=1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = torch.cat([zeros, entropy_from_logits(logits, temperature)], dim=1)
     return logprobs, entropy
 
 

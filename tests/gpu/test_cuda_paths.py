@@ -1,0 +1,128 @@
+"""The learner, reference and hf rollout engine on a CUDA device give what the CPU computes.
+
+Run on a GPU machine with `pytest -m gpu` (the hf engine's own tests in tests/unit/actors then
+also run on the GPU). Skipped without CUDA.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_ray.algo import behaviour_is_weights, grpo_loss
+from grpo_ray.models.loading import load_causal_lm, load_named_weights, load_tokenizer, sequence_logprobs
+from grpo_ray.models.tiny import ensure_tiny_artifacts
+from grpo_ray.types import LearnerShard, RolloutSlice
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ROWS, PROMPT, COMPLETION = 8, 6, 10
+LR = 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir():
+    # Full fp32 on the GPU, so CPU and GPU agree to rounding.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return str(ensure_tiny_artifacts().model_dir)
+
+
+def _batch(vocab: int) -> RolloutSlice:
+    rng = np.random.default_rng(0)
+    width = PROMPT + COMPLETION
+    attention = np.ones((ROWS, width), np.int64)
+    attention[::2, -3:] = 0  # every other row ends early (right padding)
+    completion = np.zeros((ROWS, width), np.float32)
+    completion[:, PROMPT:] = attention[:, PROMPT:]
+    return RolloutSlice(
+        group_ids=np.arange(ROWS) // 4, prompt_uids=np.arange(ROWS) // 4,
+        input_ids=rng.integers(1, vocab, (ROWS, width)).astype(np.int64) * attention,
+        attention_mask=attention, completion_mask=completion,
+        rollout_logprobs=(-rng.random((ROWS, width)) * completion).astype(np.float32),
+        prompts=[""] * ROWS, completions=[""] * ROWS, answers=[""] * ROWS, finish_reasons=["stop"] * ROWS,
+        row_fields={}, policy_versions=np.zeros(ROWS, np.int64), group_diversity=np.full(ROWS, np.nan),
+    )
+
+
+def _cpu_step(model_dir, batch, advantages, lr):
+    """The learner's loss and one AdamW step, computed on the CPU by hand."""
+    model = load_causal_lm(model_dir, "float32")
+    ids, mask = torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask)
+    logprobs, entropy = sequence_logprobs(model, ids, mask, 1.0, with_entropy=True)
+    old = logprobs.detach()
+    completion = torch.from_numpy(batch.completion_mask)
+    weights = behaviour_is_weights(old, torch.from_numpy(batch.rollout_logprobs), torch.zeros(ROWS, dtype=torch.bool), 2.0, None)
+    out = grpo_loss(
+        logprobs=logprobs, old_logprobs=old, advantages=torch.from_numpy(advantages), mask=completion,
+        clip_low=0.2, clip_high=0.28, entropy=entropy, is_weights=weights, aggregation="token-mean",
+        global_tokens=float(completion.sum()), global_sequences=float(ROWS), norm_length=float(COMPLETION),
+    )
+    out.loss.backward()
+    torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.0).step()
+    return out.metrics["loss/total"], {name: p.detach().numpy() for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
+    from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+    from grpo_ray.cluster.weight_sync import free_port
+
+    settings = LearnerSettings(
+        model_path=tiny_model_dir, tokenizer_path=tiny_model_dir, dtype="float32", seed=0, zero_stage=0,
+        micro_batch_size=ROWS, grad_accum_steps=1, lr=LR, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1e9,
+        torch_threads=1, clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+        loss_aggregation="token-mean",
+    )
+    learner = LearnerWorker(settings, rank=0, world_size=1)
+    learner.setup("127.0.0.1", free_port())
+    assert learner.engine.device.type == "cuda"
+    batch = _batch(learner.module.config.vocab_size)
+    advantages = np.linspace(-1, 1, ROWS).astype(np.float32)
+    shard = LearnerShard(
+        step=1, advantages=[advantages], row_weights=[np.ones(ROWS, np.float32)],
+        global_tokens=float(batch.completion_mask.sum()), global_sequences=ROWS, temperature=1.0,
+        norm_length=float(COMPLETION),
+    )
+    stats = learner.train_step(shard, batch)
+
+    loss, cpu_after = _cpu_step(tiny_model_dir, batch, advantages, LR)
+    assert stats.metrics["loss/total"] == pytest.approx(loss, rel=1e-4, abs=1e-6)
+    assert stats.num_tokens == int(batch.attention_mask.sum())
+    # AdamW's first step moves each weight by ~lr * sign(gradient): the same signs, the same step.
+    after = learner.parameters_snapshot()
+    diffs = np.concatenate([np.abs(after[name] - cpu_after[name]).ravel() for name in after])
+    assert diffs.max() <= 2.5 * LR
+    assert (diffs < 0.05 * LR).mean() > 0.999
+
+    # The updated weights come back to the host, and score() agrees with a CPU model holding them.
+    cpu_model = load_causal_lm(tiny_model_dir, "float32")
+    load_named_weights(cpu_model, ((name, torch.from_numpy(value)) for name, value in after.items()))
+    expected, _ = sequence_logprobs(cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
+    scored = learner.score(batch.input_ids, batch.attention_mask)
+    assert isinstance(scored, np.ndarray)
+    np.testing.assert_allclose(scored, expected.detach().numpy(), atol=1e-4)
+
+
+def test_reference_logprobs_on_cuda_match_the_cpu(tiny_model_dir):
+    from grpo_ray.actors.reference import ReferenceWorker
+
+    reference = ReferenceWorker(tiny_model_dir, "float32", micro_batch_size=3)
+    assert next(reference.model.parameters()).device.type == "cuda"
+    batch = _batch(reference.model.config.vocab_size)
+    got = reference.logprobs(batch, temperature=0.8)
+    cpu_model = load_causal_lm(tiny_model_dir, "float32")
+    expected, _ = sequence_logprobs(cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask), 0.8)
+    np.testing.assert_allclose(got, expected.detach().numpy() * batch.completion_mask, atol=1e-4)
+
+
+def test_hf_engine_generates_on_cuda(tiny_model_dir):
+    from grpo_ray.actors.hf_engine import HFEngine
+    from grpo_ray.types import SamplingSettings
+
+    engine = HFEngine(tiny_model_dir, load_tokenizer(tiny_model_dir))
+    assert engine.device.type == "cuda"
+    groups = engine.generate([(5, 6, 7), (8, 9)], SamplingSettings(samples_per_prompt=3, max_new_tokens=4, temperature=1.0))
+    assert [len(group) for group in groups] == [3, 3]
+    assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in groups for c in group)
