@@ -24,6 +24,7 @@ from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buck
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
+    first_completion_column,
     load_causal_lm,
     load_tokenizer,
     merged_lora,
@@ -157,6 +158,7 @@ class LearnerWorker:
                 logprobs, entropy = sequence_logprobs(
                     self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature,
                     with_entropy=True, entropy_grad=s.entropy_coef != 0,
+                    from_column=first_completion_column(mb["completion_mask"]),
                 )
                 if epoch == 0:
                     learner_old[index] = logprobs.detach()
