@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 import ray
-import torch
 
 from grpo_ray import interrupts
 from grpo_ray.algo.polaris import drop_easy
@@ -160,9 +159,9 @@ class Run:
     recipe_hash: str = ""
 
     def __post_init__(self) -> None:
-        backend = "nccl" if torch.cuda.is_available() and self.cfg.rollout.num_gpus > 0 else "gloo"
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
-                                      self.cfg.weight_sync.timeout_s, backend)
+                                      self.cfg.weight_sync.timeout_s)
+        self.console.info(f"weight sync over {self.sync.backend}: {self.sync.backend_reason}")
         recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

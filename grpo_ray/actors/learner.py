@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from grpo_ray.algo import behaviour_is_weights, grpo_loss, mismatch_stats
-from grpo_ray.cluster.weight_sync import BroadcastGroup, plan_buckets, send_buckets, timed_raw_broadcast
+from grpo_ray.cluster.weight_sync import BroadcastGroup, device_identity, plan_buckets, send_buckets, timed_raw_broadcast
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
@@ -237,6 +237,10 @@ class LearnerWorker:
     def weight_plan(self, bucket_bytes: int) -> tuple[list[WeightSpec], list[list[int]]]:
         specs = weight_specs(self.module)
         return specs, plan_buckets(specs, bucket_bytes)
+
+    def device_identity(self) -> str | None:
+        """This rank's GPU (for the weight sync's choice of backend), None on CPU."""
+        return device_identity()
 
     def host_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
         """Rank 0 only: create the broadcast group's store and join it as its rank 0."""

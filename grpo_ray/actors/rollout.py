@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, receive_buckets, timed_raw_broadcast
+from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, device_identity, receive_buckets, timed_raw_broadcast
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
@@ -103,6 +103,10 @@ class RolloutWorker:
         return self.engine.score(input_ids, attention_mask, temperature)
 
     # -- weight sync -----------------------------------------------------------------------------
+
+    def device_identity(self) -> str | None:
+        """This worker's GPU (for the weight sync's choice of backend), None on CPU."""
+        return device_identity()
 
     def join_weight_sync(
         self, host: str, port: int, world_size: int, specs: list[WeightSpec], buckets: list[list[int]],

@@ -61,6 +61,29 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def device_identity() -> str | None:
+    """This process's GPU as a cluster-wide unique name (its UUID), or None without one."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    uuid = getattr(props, "uuid", None)
+    return str(uuid) if uuid is not None else f"{socket.gethostname()}/pci-{props.pci_bus_id}"
+
+
+def choose_backend(identities: list[str | None]) -> tuple[str, str]:
+    """(backend, why) for a broadcast group whose ranks sit on these devices (device_identity).
+
+    NCCL needs a GPU in every rank and a different GPU in each (it refuses two ranks on one
+    device), which a colocated or fractional-GPU layout breaks: then gloo, through host memory.
+    """
+    if any(identity is None for identity in identities):
+        return "gloo", "a process of the group has no GPU"
+    if len(set(identities)) < len(identities):
+        shared = next(i for i in identities if identities.count(i) > 1)
+        return "gloo", f"two processes of the group share GPU {shared}, which NCCL refuses; the weights go through host memory"
+    return "nccl", f"{len(identities)} processes on {len(identities)} GPUs"
+
+
 def bucket_checksum(flat: torch.Tensor, previous: int = 0) -> int:
     data = flat.detach().contiguous().view(torch.uint8).numpy()
     return zlib.crc32(data, previous)

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from grpo_ray.cluster.actors import error_line, node_address_and_port
-from grpo_ray.cluster.weight_sync import spec_bytes
+from grpo_ray.cluster.weight_sync import choose_backend, spec_bytes
 from grpo_ray.types import Probe, SyncReport
 
 
@@ -32,8 +32,9 @@ class SyncResult:
 
 
 class WeightBroadcaster:
-    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, backend: str):
-        self.learners, self.rollouts, self.timeout_s, self.backend = learners, rollouts, timeout_s, backend
+    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float):
+        self.learners, self.rollouts, self.timeout_s = learners, rollouts, timeout_s
+        self.backend, self.backend_reason = "gloo", ""
         self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20)))
         self.form_group()
         self.syncs = 0
@@ -42,8 +43,13 @@ class WeightBroadcaster:
     def form_group(self) -> None:
         """Learner rank 0 and every rollout worker join a new group (on a fresh port): at the start,
         and after a rollout worker was replaced, since a group's members are fixed."""
+        members = [self.learners[0], *self.rollouts]
+        # Chosen from where the members are, not where the driver is: a replacement may land elsewhere.
+        self.backend, self.backend_reason = choose_backend(
+            ray.get([member.device_identity.remote() for member in members], timeout=self.timeout_s)
+        )
         host, port = node_address_and_port(self.learners[0])
-        world = 1 + len(self.rollouts)
+        world = len(members)
         # All ranks must be constructing the group at once: submit every call, then wait.
         ray.get(
             [self.learners[0].host_weight_sync.remote(host, port, world, self.backend, self.timeout_s)]

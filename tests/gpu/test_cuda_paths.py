@@ -126,3 +126,52 @@ def test_hf_engine_generates_on_cuda(tiny_model_dir):
     groups = engine.generate([(5, 6, 7), (8, 9)], SamplingSettings(samples_per_prompt=3, max_new_tokens=4, temperature=1.0))
     assert [len(group) for group in groups] == [3, 3]
     assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in groups for c in group)
+
+
+def test_device_identity_names_the_gpu_and_two_ranks_on_it_fall_back_to_gloo():
+    from grpo_ray.cluster.weight_sync import choose_backend, device_identity
+
+    identity = device_identity()
+    assert identity and identity == device_identity()
+    # A learner and a rollout worker given the same GPU (colocated, or 0.5 GPU each on one card).
+    assert choose_backend([identity, identity])[0] == "gloo"
+
+
+def _gpu_receiver(port, specs, buckets, queue):
+    from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, choose_backend, device_identity, receive_buckets
+
+    backend, _ = choose_backend([queue.get(timeout=60), device_identity()])
+    group = BroadcastGroup.join("127.0.0.1", port, 1, 2, backend, 60)
+    tally = ReceiveTally()
+    model = {spec.name: torch.zeros(spec.shape, device="cuda") for spec in specs}
+    for name, tensor in receive_buckets(group, specs, buckets, tally):
+        model[name].copy_(tensor)
+    queue.put((backend, {name: t.cpu() for name, t in model.items()}, tally.checksum))
+
+
+def test_two_processes_on_one_gpu_sync_weights_through_gloo():
+    """A learner and a rollout worker sharing the one GPU: NCCL would refuse the pair."""
+    import multiprocessing as mp
+
+    from grpo_ray.cluster.weight_sync import BroadcastGroup, choose_backend, device_identity, free_port, plan_buckets, send_buckets
+    from grpo_ray.types import WeightSpec
+
+    torch.manual_seed(0)
+    tensors = [torch.randn(64, 32, device="cuda"), torch.randn(100, device="cuda")]
+    specs = [WeightSpec(f"w{i}", tuple(t.shape), "float32") for i, t in enumerate(tensors)]
+    buckets = plan_buckets(specs, 4096)
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_gpu_receiver, args=(port, specs, buckets, queue))
+    child.start()
+    queue.put(device_identity())
+    backend, why = choose_backend([device_identity(), device_identity()])
+    assert backend == "gloo", why
+    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, backend, 60)
+    checksum, _ = send_buckets(group, tensors, specs, buckets)
+    child_backend, received, child_checksum = queue.get(timeout=60)
+    child.join(timeout=30)
+    assert child_backend == "gloo" and child_checksum == checksum
+    for i, tensor in enumerate(tensors):
+        torch.testing.assert_close(received[f"w{i}"], tensor.cpu(), rtol=0, atol=0)

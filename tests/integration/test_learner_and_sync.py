@@ -140,7 +140,8 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
     rollouts = start_rollouts(cfg, placement, rollout_res)
     wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
     setup_learners(learners)
-    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, backend="gloo")
+    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120)
+    assert (sync.backend, sync.backend_reason) == ("gloo", "a process of the group has no GPU")
     try:
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         args = (batch.input_ids, batch.attention_mask, 1.0)

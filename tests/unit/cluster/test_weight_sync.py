@@ -4,7 +4,16 @@ import multiprocessing as mp
 
 import torch
 
-from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, free_port, plan_buckets, receive_buckets, send_buckets
+from grpo_ray.cluster.weight_sync import (
+    BroadcastGroup,
+    ReceiveTally,
+    choose_backend,
+    device_identity,
+    free_port,
+    plan_buckets,
+    receive_buckets,
+    send_buckets,
+)
 from grpo_ray.types import WeightSpec
 
 
@@ -44,3 +53,18 @@ def test_send_and_receive_round_trip_with_matching_checksums():
     assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * (12 + 7 + 8)
     for i, tensor in enumerate(tensors):
         torch.testing.assert_close(received[f"w{i}"], tensor, rtol=0, atol=0)
+
+
+def test_backend_is_nccl_only_with_a_gpu_of_its_own_for_every_rank():
+    assert choose_backend(["GPU-a", "GPU-b", "GPU-c"]) == ("nccl", "3 processes on 3 GPUs")
+    backend, why = choose_backend(["GPU-a", "GPU-b", "GPU-a"])
+    assert backend == "gloo" and "share GPU GPU-a" in why
+    assert choose_backend(["GPU-a", None]) == ("gloo", "a process of the group has no GPU")
+    assert choose_backend([None, None])[0] == "gloo"
+
+
+def test_device_identity_is_none_without_a_gpu():
+    if torch.cuda.is_available():
+        assert device_identity() == device_identity() and device_identity()
+    else:
+        assert device_identity() is None
