@@ -40,7 +40,7 @@ from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
-from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, total_steps
+from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, syncs_lora_adapter, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.run_setup import RunInputs, prepare_inputs
 from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
@@ -160,8 +160,9 @@ class Run:
 
     def __post_init__(self) -> None:
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
-                                      self.cfg.weight_sync.timeout_s)
-        self.console.info(f"weight sync over {self.sync.backend}: {self.sync.backend_reason}")
+                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
+        what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
+        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) over {self.sync.backend}: {self.sync.backend_reason}")
         recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

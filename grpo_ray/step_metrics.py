@@ -65,6 +65,7 @@ def step_metrics(
     metrics["throughput/learner_tokens_per_s"] = sum(s.num_tokens for s in stats) / max(timings.get("timing/update", 0.0), 1e-9)
     metrics["sync/seconds"] = synced.seconds
     metrics["sync/gbytes_per_s"] = synced.num_bytes / max(synced.seconds, 1e-9) / 1e9
+    metrics["sync/megabytes"] = synced.num_bytes / 1e6
     if synced.probe_max_abs_diff is not None:
         metrics["sync/probe_max_abs_diff"] = synced.probe_max_abs_diff
     return metrics

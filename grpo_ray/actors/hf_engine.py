@@ -13,15 +13,20 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, sequence_logprobs
+from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs
 from grpo_ray.types import Completion, SamplingSettings
 
 
 class HFEngine:
-    def __init__(self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None):
+    def __init__(self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None, lora=None):
+        """lora (rank, alpha, target_modules): wrap the model in a fresh adapter, as the learner
+        does; weight syncs then load only the adapter's matrices (peft names)."""
         self.tokenizer = tokenizer
         self.device = compute_device()
-        self.model = load_causal_lm(model_path, dtype, config_overrides).to(self.device).eval()
+        self.model = load_causal_lm(model_path, dtype, config_overrides).to(self.device)
+        if lora is not None:
+            self.model = apply_lora(self.model, lora.rank, lora.alpha, 0.0, lora.target_modules)
+        self.model.eval()
         self.stop_ids = _stop_ids(tokenizer, self.model)
 
     @torch.no_grad()

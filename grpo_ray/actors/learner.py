@@ -234,8 +234,10 @@ class LearnerWorker:
 
     # -- weight broadcast ------------------------------------------------------------------------
 
-    def weight_plan(self, bucket_bytes: int) -> tuple[list[WeightSpec], list[list[int]]]:
-        specs = weight_specs(self.module)
+    def weight_plan(self, bucket_bytes: int, adapter_only: bool = False) -> tuple[list[WeightSpec], list[list[int]]]:
+        """What a sync sends: the policy's weights (LoRA merged), or with adapter_only the LoRA
+        matrices alone, for engines that apply the adapter themselves."""
+        specs = weight_specs(self.module, adapter_only)
         return specs, plan_buckets(specs, bucket_bytes)
 
     def device_identity(self) -> str | None:
@@ -250,11 +252,11 @@ class LearnerWorker:
         """Rank 0 only: seconds of a plain broadcast of num_bytes to the rollout workers."""
         return timed_raw_broadcast(self._sync_group, num_bytes)
 
-    def send_weights(self, version: int, buckets: list[list[int]]) -> SyncReport | None:
+    def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False) -> SyncReport | None:
         """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None."""
         started = time.perf_counter()
-        params = export_parameters(self.module)
-        specs = weight_specs(self.module)
+        params = export_parameters(self.module, adapter_only)
+        specs = weight_specs(self.module, adapter_only)
 
         def bucket_tensors():
             for bucket in buckets:
@@ -262,7 +264,7 @@ class LearnerWorker:
                     for i in bucket:
                         yield params[i].data
 
-        with torch.no_grad(), merged_lora(self.module):
+        with torch.no_grad(), (contextlib.nullcontext() if adapter_only else merged_lora(self.module)):
             if self.rank != 0:
                 for _ in bucket_tensors():
                     pass

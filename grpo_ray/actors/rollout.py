@@ -19,6 +19,15 @@ from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, S
 
 
 @dataclass(frozen=True)
+class LoraShape:
+    """The adapter an hf engine wraps its model in (the learner's model.lora settings)."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RolloutWorkerSettings:
     index: int
     backend: str  # "hf" | "vllm"
@@ -32,6 +41,7 @@ class RolloutWorkerSettings:
     vllm_gpu_memory_utilization: float = 0.5
     vllm_cpu_kv_cache_gb: float = 1.0
     tensor_parallel_size: int = 1
+    lora: LoraShape | None = None  # hf only: wrap the model in this adapter; syncs send its matrices
 
 
 class RolloutWorker:
@@ -60,7 +70,7 @@ class RolloutWorker:
         else:
             from grpo_ray.actors.hf_engine import HFEngine
 
-            self.engine = HFEngine(model_path, self.tokenizer, dtype=settings.dtype)
+            self.engine = HFEngine(model_path, self.tokenizer, dtype=settings.dtype, lora=settings.lora)
         self.policy_version = 0
         self._group: BroadcastGroup | None = None
         self._specs: list[WeightSpec] = []

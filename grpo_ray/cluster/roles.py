@@ -13,9 +13,9 @@ import ray
 from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
-from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
+from grpo_ray.actors.rollout import LoraShape, RolloutWorker, RolloutWorkerSettings
 from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_resources
+from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_resources, syncs_lora_adapter
 
 
 @dataclass
@@ -104,6 +104,8 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
         tensor_parallel_size=r.tensor_parallel_size,
+        # The engine holds the same adapter as the learner, and each sync sends only its matrices.
+        lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules) if syncs_lora_adapter(cfg) else None,
     )
 
 

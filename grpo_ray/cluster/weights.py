@@ -32,10 +32,11 @@ class SyncResult:
 
 
 class WeightBroadcaster:
-    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float):
-        self.learners, self.rollouts, self.timeout_s = learners, rollouts, timeout_s
+    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False):
+        """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves)."""
+        self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
         self.backend, self.backend_reason = "gloo", ""
-        self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20)))
+        self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20), adapter_only))
         self.form_group()
         self.syncs = 0
         self.version = 0  # the weights version the rollout workers hold
@@ -66,7 +67,7 @@ class WeightBroadcaster:
         return self.sync(self.version, probe, probe_tolerance)
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
-        sends = [learner.send_weights.remote(version, self.buckets) for learner in self.learners]
+        sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only) for learner in self.learners]
         receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
         try:
             reports: list[SyncReport | None] = ray.get(sends + receives, timeout=self.timeout_s)

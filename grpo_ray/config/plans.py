@@ -141,6 +141,12 @@ def longest_sequence(cfg: Config) -> int:
     return cfg.data.max_prompt_tokens + longest_completion(cfg)
 
 
+def syncs_lora_adapter(cfg: Config) -> bool:
+    """Whether weight syncs send only the LoRA adapter (the hf engine applies it through peft;
+    vLLM gets merged weights)."""
+    return cfg.model.lora.enabled and cfg.weight_sync.lora_adapter_only and cfg.rollout.backend == "hf"
+
+
 def check_config(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)

@@ -59,6 +59,24 @@ def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path)
     assert (Path(result.model_dir) / "adapter_config.json").exists()
 
 
+def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learners_policy(tmp_path):
+    from safetensors.torch import load_file
+
+    from grpo_ray.models.loading import load_causal_lm
+
+    result = train(quick_cfg(tmp_path, "train.steps=3", "model.lora.enabled=true", "learner.lr=1e-2",
+                             "weight_sync.probe_every=1", "data.eval_limit=20"))
+    full_mb = sum(p.numel() * p.element_size() for p in load_causal_lm("tiny").parameters()) / 1e6
+    sent = metric_history(result, "sync/megabytes")
+    assert len(sent) == 3 and max(sent.values()) < 0.1 * full_mb
+    # The adapter moved (lora_B starts at zero), and the engine applies what it was sent: its
+    # probe and its sampling log-probs agree with the learner's.
+    adapter = load_file(Path(result.model_dir) / "adapter_model.safetensors")
+    assert max(float(t.abs().max()) for name, t in adapter.items() if "lora_B" in name) > 1e-3
+    assert max(metric_history(result, "sync/probe_max_abs_diff").values()) < 1e-4
+    assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4
+
+
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
 def test_vllm_backend_trains_through_the_driver(tmp_path):
     result = train(quick_cfg(tmp_path, "train.steps=3", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25",
