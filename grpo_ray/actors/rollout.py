@@ -41,7 +41,7 @@ class RolloutWorkerSettings:
     vllm_gpu_memory_utilization: float = 0.5
     vllm_cpu_kv_cache_gb: float = 1.0
     tensor_parallel_size: int = 1
-    lora: LoraShape | None = None  # hf only: wrap the model in this adapter; syncs send its matrices
+    lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
 
 
 class RolloutWorker:
@@ -66,6 +66,7 @@ class RolloutWorker:
                 gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
                 cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
                 tensor_parallel_size=settings.tensor_parallel_size,
+                lora=settings.lora,
             )
         else:
             from grpo_ray.actors.hf_engine import HFEngine

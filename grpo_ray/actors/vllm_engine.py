@@ -7,10 +7,18 @@
   distribution the token was sampled from (temperature applied), as the learner computes them.
 - Sampling seeds: request k gets seed + k * G, and vLLM gives its G children seed + 0..G-1, so no
   two completions of a step share a seed.
+- LoRA (`lora` given): the engine serves the base model with vLLM's LoRA support, and each weight
+  sync delivers only the adapter's matrices. They are written as a peft adapter folder and served
+  as a new LoRARequest (vLLM keys loaded adapters by id, so each version gets a fresh id and the
+  previous one is removed). Until the first sync, no adapter: peft starts lora_B at zero, so the
+  base model is the learner's starting policy.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -32,6 +40,7 @@ class VllmEngine:
         cpu_kv_cache_gb: float = 1.0,
         tensor_parallel_size: int = 1,
         config_overrides: dict | None = None,
+        lora=None,
     ):
         from vllm import LLM
 
@@ -45,6 +54,11 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel_size,
         )
+        if lora is not None:
+            kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
+        self.lora = lora
+        self.lora_request = None
+        self._adapters = tempfile.mkdtemp(prefix="grpo-ray-adapter-") if lora is not None else None
         if config_overrides:
             kwargs["hf_overrides"] = config_overrides  # e.g. YaRN rope scaling at evaluation time
         if torch.cuda.is_available():
@@ -70,7 +84,7 @@ class VllmEngine:
             )
             for k in range(len(prompts))
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         return [[self._completion(sample) for sample in output.outputs] for output in outputs]
 
     @staticmethod
@@ -91,7 +105,7 @@ class VllmEngine:
         lengths = attention_mask.sum(axis=1)
         requests = [{"prompt_token_ids": input_ids[i, : lengths[i]].tolist()} for i in range(len(input_ids))]
         params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
         result = np.zeros(input_ids.shape, dtype=np.float32)
         for i, output in enumerate(outputs):
             # prompt_logprobs[0] is None (the first token has no context).
@@ -100,4 +114,30 @@ class VllmEngine:
         return result
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if self.lora is not None:
+            self._serve_adapter(weights)
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+
+    def _serve_adapter(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        from peft import LoraConfig
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        previous = self.lora_request
+        version = previous.lora_int_id + 1 if previous else 1
+        folder = os.path.join(self._adapters, f"v{version}")
+        # peft's parameter names carry the adapter's name ("lora_A.default.weight"); its files do not.
+        tensors = {name.replace(".default.", "."): tensor.detach().cpu().contiguous() for name, tensor in weights}
+        os.makedirs(folder)
+        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
+        LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.target_modules),
+                   task_type="CAUSAL_LM").save_pretrained(folder)
+        self.lora_request = LoRARequest(f"policy-v{version}", version, folder)
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def __del__(self):
+        if getattr(self, "_adapters", None):
+            shutil.rmtree(self._adapters, ignore_errors=True)

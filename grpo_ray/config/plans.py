@@ -142,9 +142,9 @@ def longest_sequence(cfg: Config) -> int:
 
 
 def syncs_lora_adapter(cfg: Config) -> bool:
-    """Whether weight syncs send only the LoRA adapter (the hf engine applies it through peft;
-    vLLM gets merged weights)."""
-    return cfg.model.lora.enabled and cfg.weight_sync.lora_adapter_only and cfg.rollout.backend == "hf"
+    """Whether weight syncs send only the LoRA adapter (the rollout engine applies it: peft in the
+    hf engine, vLLM's LoRA support in vllm)."""
+    return cfg.model.lora.enabled and cfg.weight_sync.lora_adapter_only
 
 
 def check_config(cfg: Config) -> None:

@@ -330,9 +330,8 @@ class WeightSyncConfig(_Section):
     # At the start, time a plain broadcast of the model's bytes in the sync's group and log it as
     # sync/raw_broadcast_gbps, the yardstick of sync/gbytes_per_s (costs three more broadcasts).
     measure_raw_broadcast: bool = False
-    # With model.lora.enabled and the hf rollout backend, send only the LoRA adapter's matrices:
-    # the engine wraps the same base model in the same adapter (peft). false, or the vllm backend:
-    # the merged weights.
+    # With model.lora.enabled, send only the LoRA adapter's matrices: the rollout engine applies
+    # the adapter itself (peft in the hf engine, vLLM's LoRA support). false: the merged weights.
     lora_adapter_only: bool = True
 
 
