@@ -347,8 +347,6 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     batch = run.builder.next_batch(sampling, timer)
     if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
         return None
-    # Pipelined rollout: the next steps' batches generate while this one trains.
-    run.builder.prefetch(sampling, prefetch_room(cfg, stage, step, len(run.builder.pending)))
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
     train, ref_refs, extra = batch.train, None, {}
@@ -361,7 +359,11 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     with timer("advantages"):
         advantages = group_advantages(cfg, train)
     with timer("update"):
-        stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature, float(stage.max_new_tokens))
+        # Pipelined rollout: the next steps' batches are queued once the learners have their work,
+        # and generate while this one trains.
+        room = prefetch_room(cfg, stage, step, len(run.builder.pending))
+        stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
+                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room))
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0

@@ -12,6 +12,8 @@ small task assembles the rank's slice next to the data first.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import ray
 import torch
@@ -71,8 +73,13 @@ def group_advantages(cfg: Config, rows: StepRows) -> np.ndarray:
 def run_update(
     workers: Workers, payloads: list[list], sizes: list[list[int]], train: StepRows, advantages: np.ndarray,
     ref_refs: list[list] | None, step: int, temperature: float, norm_length: float,
+    while_running: Callable[[], None] | None = None,
 ) -> list[LearnerStats]:
-    """One optimizer step on every rank; the loss normalisers count the whole step's loss rows."""
+    """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
+
+    `while_running` is called once every rank has its call, before waiting for them: the driver's
+    own work there (queueing the next batches' rollout) overlaps the update instead of delaying it.
+    """
     # Normalisers count what is in the loss: weighted tokens, and sequences that have any token
     # (aggregation skips empty rows too).
     global_tokens = float((train.completion_lengths * train.row_weights).sum())
@@ -93,6 +100,8 @@ def run_update(
             norm_length=norm_length,
         )
         calls.append(learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else [])))
+    if while_running is not None:
+        while_running()
     try:
         # The first failure ends the wait: a dead rank leaves the others blocked in a collective.
         pending = list(calls)
