@@ -15,7 +15,8 @@ pass per batch, the same exact-match reward. Measured:
   processes (learner rank 0 -> rollout workers, in the sync's own group);
 - rollout tokens/s of the vllm backend against the hf backend (on-policy, the rollout phase);
 - time to 60% held-out accuracy (greedy, 500 held-out problems, evaluated every 25 steps)
-  against benchmarks/plain_grpo_loop.py, a single-process loop with the same model and settings.
+  against benchmarks/plain_grpo_loop.py, a single-process loop with the same model and settings:
+  the median over --race-seeds seeds, each seed running both sides back to back.
 
 Writes results/side_by_side.md (a table) and results/side_by_side.png (a chart) next to this
 file, and the figures as JSON with --json.
@@ -40,9 +41,12 @@ ROOT = HERE.parent
 TINY = ROOT / "configs" / "tiny.yaml"
 TRL_PYTHON = HERE / ".venv-trl" / "bin" / "python"
 PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
-# The fastest correct configuration on 2 cores: two data-parallel learner ranks (one core's worth
-# each) and one rollout worker; pipelined adds max_staleness 1.
-LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128"]
+# Two data-parallel learner ranks, one core's worth (and one torch thread) each, and one rollout
+# worker. On-policy, generation has both cores to itself (configs/tiny.yaml's two threads);
+# pipelined, it shares them with the update, and one thread is faster (809 vs 754 samples/s).
+LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128",
+            "learner.torch_threads=1"]
+PIPELINED = ["rollout.max_staleness=1", "rollout.torch_threads=1"]
 
 
 def run(command: list[str], log: Path, result: Path, reuse: bool = False) -> None:
@@ -105,6 +109,38 @@ def time_to_accuracy(metrics: dict, target: float) -> float | None:
     return curve[reached[0]][1] - curve[0][1] if reached else None
 
 
+def accuracy_race(work: Path, target: float, seeds: int, reuse: bool) -> dict:
+    """Seconds to `target` held-out accuracy: the plain loop and grpo-ray pipelined, seed by seed.
+
+    One run of each is not a measurement here: the steps a seed needs vary by ~15%, and this
+    machine's speed drifts by as much between minutes. So each seed runs both sides back to back
+    (the drift hits both alike) and the ratio is of the medians.
+    """
+    plain_seconds, plain_steps, grpo_seconds, grpo_steps = [], [], [], []
+    for seed in range(seeds):
+        name = f"plain-seed{seed}"
+        run([sys.executable, str(HERE / "plain_grpo_loop.py"), "--steps", "2000", "--eval-every", "25", "--seed", str(seed),
+             "--target", str(target), "--json", str(work / f"{name}.json")], work / f"{name}.log", work / f"{name}.json", reuse)
+        curve = json.loads((work / f"{name}.json").read_text())["curve"]
+        reached = next(((step, t) for step, t, acc in curve if step > 0 and acc >= target), (None, None))
+        plain_steps.append(reached[0])
+        plain_seconds.append(reached[1])
+        raced = grpo_ray(f"grpo-race-seed{seed}", work, LEARNERS + PIPELINED + [
+            f"seed={seed}", "train.steps=2000", "train.eval_every=25", f"train.stop_at_accuracy={target}"], reuse)
+        grpo_seconds.append(time_to_accuracy(raced, target))
+        grpo_steps.append(max(raced["eval/accuracy"]) if grpo_seconds[-1] is not None else None)
+
+    def median(xs):
+        return float(np.median(xs)) if xs and None not in xs else None
+
+    ratio = median(grpo_seconds) / median(plain_seconds) if median(grpo_seconds) and median(plain_seconds) else None
+    return {"target": target, "seeds": seeds, "ratio": ratio,
+            "plain_seconds": median(plain_seconds), "grpo_seconds": median(grpo_seconds),
+            "plain_steps": median(plain_steps), "grpo_steps": median(grpo_steps),
+            "plain_seconds_per_seed": plain_seconds, "grpo_seconds_per_seed": grpo_seconds,
+            "plain_steps_per_seed": plain_steps, "grpo_steps_per_seed": grpo_steps}
+
+
 def prepare_prompts(work: Path) -> tuple[str, Path]:
     """The tiny model's folder and its training prompts as chat-templated text that re-tokenises
     to exactly the token ids grpo-ray samples from."""
@@ -129,7 +165,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps of each throughput run")
     parser.add_argument("--warmup", type=int, default=8, help="first steps left out of the rates")
     parser.add_argument("--target", type=float, default=0.6, help="held-out accuracy of the time-to-accuracy race")
-    parser.add_argument("--skip-accuracy", action="store_true", help="leave out the time-to-accuracy race (~10 min)")
+    parser.add_argument("--race-seeds", type=int, default=3, help="seeds of the time-to-accuracy race (each runs both sides)")
+    parser.add_argument("--skip-accuracy", action="store_true", help="leave out the time-to-accuracy race (~8 min a seed)")
     parser.add_argument("--skip-vllm", action="store_true", help="leave out the vllm backend's rollout run")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (printed)")
@@ -152,7 +189,7 @@ def main() -> None:
          "--json", str(work / "trl.json")], work / "trl.log", work / "trl.json", reuse)
     trl = json.loads((work / "trl.json").read_text())
     on_policy = throughput(grpo_ray("grpo-on-policy", work, short + LEARNERS, reuse), args.warmup, completions)
-    pipelined = throughput(grpo_ray("grpo-pipelined", work, short + LEARNERS + ["rollout.max_staleness=1"], reuse), args.warmup, completions)
+    pipelined = throughput(grpo_ray("grpo-pipelined", work, short + LEARNERS + PIPELINED, reuse), args.warmup, completions)
     single = throughput(grpo_ray("grpo-one-learner", work, short, reuse), args.warmup, completions)
     vllm = None
     if not args.skip_vllm:
@@ -160,16 +197,7 @@ def main() -> None:
 
     race = None
     if not args.skip_accuracy:
-        run([sys.executable, str(HERE / "plain_grpo_loop.py"), "--steps", "2000", "--eval-every", "25",
-             "--target", str(args.target), "--json", str(work / "plain.json")], work / "plain.log", work / "plain.json", reuse)
-        plain_curve = json.loads((work / "plain.json").read_text())["curve"]
-        plain = next((t for step, t, acc in plain_curve if step > 0 and acc >= args.target), None)
-        raced = grpo_ray("grpo-race", work, LEARNERS + ["rollout.max_staleness=1", "train.steps=2000", "train.eval_every=25",
-                                                         f"train.stop_at_accuracy={args.target}"], reuse)
-        ours = time_to_accuracy(raced, args.target)
-        race = {"target": args.target, "plain_seconds": plain, "grpo_seconds": ours,
-                "plain_steps": next((s for s, _, a in plain_curve if s > 0 and a >= args.target), None),
-                "grpo_steps": max(raced["eval/accuracy"]) if ours is not None else None}
+        race = accuracy_race(work, args.target, args.race_seeds, reuse)
 
     # The issue's headline: grpo-ray's fastest correct configuration against TRL. Which one wins
     # depends on the machine (on 2 cores, pipelining makes generation and the update share them).
@@ -195,7 +223,7 @@ def main() -> None:
         "phases_on_policy": on_policy["phases"],
         "hf_rollout_tokens_per_s": single["rollout_tokens_per_s"],
         "vllm_rollout_tokens_per_s": vllm["rollout_tokens_per_s"] if vllm else None,
-        "time_to_acc_ratio": (race["grpo_seconds"] / race["plain_seconds"]) if race and race["grpo_seconds"] and race["plain_seconds"] else None,
+        "time_to_acc_ratio": race["ratio"] if race else None,
         "time_to_acc": race,
         "trl_version": trl["trl_version"],
         "trl_torch_threads": trl["torch_threads"],
@@ -223,6 +251,13 @@ def markdown(f: dict) -> str:
         return "n/a" if value is None else fmt.format(value)
 
     race = f["time_to_acc"] or {}
+
+    def per_seed(side: str) -> str:
+        """', median of seeds: 172 s/600, ...' for a multi-seed race."""
+        if len(race.get(f"{side}_seconds_per_seed") or []) < 2:
+            return ""
+        runs = ", ".join(f"{num(t)} s/{num(n)}" for t, n in zip(race[f"{side}_seconds_per_seed"], race[f"{side}_steps_per_seed"]))
+        return f", median of {race['seeds']} seeds ({runs} steps)"
     lines = [
         f"Measured {f['date']} on {f['machine']}: tiny model, 32 prompts x 8 completions of at most 5 tokens per step, "
         f"{f['steps']} steps ({f['warmup_steps']} warm-up steps left out); TRL {f['trl_version']} with {f['trl_torch_threads']} torch threads.",
@@ -247,8 +282,10 @@ def markdown(f: dict) -> str:
         f"| plain broadcast of the same bytes, same processes | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
         f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
         f"| rollout tokens/s, vllm backend | {num(f['vllm_rollout_tokens_per_s'])} |",
-        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, plain single-process loop | {num(race.get('plain_seconds'))} s ({num(race.get('plain_steps'))} steps) |",
-        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, grpo-ray pipelined | {num(race.get('grpo_seconds'))} s ({num(race.get('grpo_steps'))} steps) |",
+        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, plain single-process loop{per_seed('plain')} "
+        f"| {num(race.get('plain_seconds'))} s ({num(race.get('plain_steps'))} steps) |",
+        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, grpo-ray pipelined{per_seed('grpo')} "
+        f"| {num(race.get('grpo_seconds'))} s ({num(race.get('grpo_steps'))} steps) |",
         f"| time_to_acc_ratio (grpo-ray / plain loop) | {num(f['time_to_acc_ratio'], '{:.2f}')} |",
     ]
     return "\n".join(lines) + "\n"
