@@ -4,8 +4,8 @@
 
 Two processes on this machine, a gloo group between them, as learner rank 0 and one rollout
 worker have. For each model size: `send_buckets` on one side and, on the other,
-`receive_buckets` copying every tensor into a preallocated model (as an engine's load does),
-timed from a common start (a one-byte broadcast first) to the last tensor loaded; beside it,
+`receive_into` the model's own weights, laid out as the hf engine lays them (`bucket_storage`),
+timed from a common start (a one-byte broadcast first) to the last bucket received and checked; beside it,
 `timed_raw_broadcast` of the same number of bytes in the same group. The model is 24 equal
 float32 tensors, like a transformer's layers. Ray's dispatch of the two actor calls, which a
 training step also pays, is not in these figures (see sync/seconds of a run for that).
@@ -29,7 +29,8 @@ from grpo_ray.cluster.weight_sync import (  # noqa: E402
     ReceiveTally,
     free_port,
     plan_buckets,
-    receive_buckets,
+    bucket_storage,
+    receive_into,
     send_buckets,
     timed_raw_broadcast,
 )
@@ -53,11 +54,11 @@ def receiver(port: int, sizes: list[float], bucket_mb: float, repeats: int) -> N
     for size in sizes:
         specs = model_specs(size)
         buckets = plan_buckets(specs, int(bucket_mb * 2**20))
-        model = {spec.name: torch.empty(spec.shape) for spec in specs}
+        model = {spec.name: torch.nn.Parameter(torch.empty(spec.shape), requires_grad=False) for spec in specs}
+        storage = bucket_storage(model, specs, buckets)
         for _ in range(repeats + 1):
             start_together(group)
-            for name, tensor in receive_buckets(group, specs, buckets, ReceiveTally()):
-                model[name].copy_(tensor)
+            receive_into(group, storage, ReceiveTally())
             start_together(group)  # the sender stops its clock when the last tensor is loaded
         timed_raw_broadcast(group, sum(s.numel * 4 for s in specs))
 
@@ -67,6 +68,8 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[2.0, 256.0, 1024.0])
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="weight_sync.bucket_mb")
     parser.add_argument("--repeats", type=int, default=3, help="timed syncs per size (the best is kept)")
+    parser.add_argument("--sender-layout", choices=["buckets", "separate"], default="buckets",
+                        help="sender's weights back to back per bucket (sent as they lie) or separate tensors (packed)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -78,7 +81,10 @@ def main() -> None:
     for size in args.sizes_mb:
         specs = model_specs(size)
         buckets = plan_buckets(specs, int(args.bucket_mb * 2**20))
-        tensors = [torch.randn(spec.shape) for spec in specs]
+        params = {spec.name: torch.nn.Parameter(torch.randn(spec.shape), requires_grad=False) for spec in specs}
+        if args.sender_layout == "buckets":  # as the learner lays out its weights (stage 0/1/2): sent as they lie
+            bucket_storage(params, specs, buckets)
+        tensors = list(params.values())
         best = float("inf")
         for attempt in range(args.repeats + 1):  # the first connects and warms up: not kept
             start_together(group)

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from grpo_ray.cluster.weight_sync import bucket_storage
 from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs
-from grpo_ray.types import Completion, SamplingSettings
+from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 
 class HFEngine:
@@ -93,6 +94,16 @@ class HFEngine:
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self.model, weights)
+
+    def bucket_storage(self, specs: list[WeightSpec], buckets: list[list[int]], device: torch.device) -> list[torch.Tensor] | None:
+        """The model's weights moved into one flat tensor per sync bucket, so that syncs are
+        received straight into them; None (syncs go through load_weights) when the weights live
+        on another device than the broadcast's or the plan names a weight the model lacks."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        if self.device != device or any(spec.name not in params for spec in specs):
+            return None
+        with torch.no_grad():
+            return bucket_storage(params, specs, buckets)
 
 
 class SampledLogprobs(LogitsProcessor):

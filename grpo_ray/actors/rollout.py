@@ -1,7 +1,7 @@
 """RolloutWorker: samples G completions per prompt and packs them into per-learner-rank slices.
 
 A plain class; the cluster layer makes it a Ray actor at spawn time. It never imports DeepSpeed.
-The engine (hf or vllm) sits behind one interface: generate, score, load_weights.
+The engine (hf or vllm) sits behind one interface: generate, score, load_weights, bucket_storage.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, device_identity, receive_buckets, timed_raw_broadcast
+from grpo_ray.cluster.weight_sync import (
+    BroadcastGroup,
+    ReceiveTally,
+    device_identity,
+    receive_buckets,
+    receive_into,
+    timed_raw_broadcast,
+)
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
@@ -76,6 +83,7 @@ class RolloutWorker:
         self._group: BroadcastGroup | None = None
         self._specs: list[WeightSpec] = []
         self._buckets: list[list[int]] = []
+        self._in_place: list | None = None  # the engine's weights as one tensor per bucket (hf engine)
 
     def ready(self) -> str:
         return self.name
@@ -125,6 +133,8 @@ class RolloutWorker:
     ) -> None:
         self._specs, self._buckets = specs, buckets
         self._group = BroadcastGroup.join(host, port, self.settings.index + 1, world_size, backend, timeout_s)
+        # Where the engine can, its weights become the buckets' storage: received in place, no load copy.
+        self._in_place = self.engine.bucket_storage(specs, buckets, self._group.device)
 
     def raw_broadcast(self, num_bytes: int) -> float:
         """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick)."""
@@ -135,7 +145,10 @@ class RolloutWorker:
         assert self._group is not None, "join_weight_sync first"
         started = time.perf_counter()
         tally = ReceiveTally()
-        self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))
+        if self._in_place is not None:
+            receive_into(self._group, self._in_place, tally)
+        else:
+            self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))
         self.policy_version = version
         return SyncReport(
             who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,

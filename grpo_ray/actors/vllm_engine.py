@@ -119,6 +119,10 @@ class VllmEngine:
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
 
+    def bucket_storage(self, specs, buckets, device) -> None:
+        """None: vLLM repacks weights as it loads them, so syncs go through load_weights."""
+        return None
+
     def _serve_adapter(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         from peft import LoraConfig
         from safetensors.torch import save_file

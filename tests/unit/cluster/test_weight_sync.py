@@ -7,11 +7,15 @@ import torch
 from grpo_ray.cluster.weight_sync import (
     BroadcastGroup,
     ReceiveTally,
+    adjacent_view,
+    bucket_checksum,
+    bucket_storage,
     choose_backend,
     device_identity,
     free_port,
     plan_buckets,
     receive_buckets,
+    receive_into,
     send_buckets,
 )
 from grpo_ray.types import WeightSpec
@@ -89,3 +93,93 @@ def test_device_identity_is_none_without_a_gpu():
         assert device_identity() == device_identity() and device_identity()
     else:
         assert device_identity() is None
+
+
+def test_digest_is_the_wrapping_sum_of_words_chained_in_bucket_order():
+    # Two 8-byte words 1 and 2 sum to 3; three tail bytes 1, 2, 3 add 1*1 + 2*2 + 3*3 = 14.
+    flat = torch.cat([torch.tensor([1, 2], dtype=torch.int64).view(torch.uint8), torch.tensor([1, 2, 3], dtype=torch.uint8)])
+    assert bucket_checksum(flat) == 3 + 14
+    # Chained: previous * 0x100000001B3 XOR this bucket's sum, modulo 2**64, so order counts.
+    a, b = torch.tensor([5], dtype=torch.int64), torch.tensor([7], dtype=torch.int64)
+    assert bucket_checksum(b, bucket_checksum(a)) == (5 * 0x100000001B3) ^ 7
+    assert bucket_checksum(b, bucket_checksum(a)) != bucket_checksum(a, bucket_checksum(b))
+    # Words wrap: -1 + 1 is 0 in 64 bits, as on the other side of the broadcast.
+    assert bucket_checksum(torch.tensor([-1, 1], dtype=torch.int64)) == 0
+
+
+def test_digest_of_a_large_bucket_sees_a_changed_weight_a_stale_bucket_and_a_partial_receive():
+    torch.manual_seed(2)
+    sent = torch.randn(2**20)  # 4 MB: sampled pages
+    digest = bucket_checksum(sent)
+    updated = sent - 1e-3 * torch.randn_like(sent)  # what one optimizer step does to every page
+    assert bucket_checksum(updated) != digest
+    partial = sent.clone()
+    partial[-1000:] = 0  # the end of the bucket never arrived
+    assert bucket_checksum(partial) != digest
+    sampled_page = sent.clone()
+    sampled_page[16 * 1024 + 3] += 1.0  # a word of the 17th 4 KB page (every 16th page is read)
+    assert bucket_checksum(sampled_page) != digest
+    # Not a byte-level check: the word sum of pages it skips is not read (TCP and NCCL check the link).
+    skipped_page = sent.clone()
+    skipped_page[1024 + 3] += 1.0
+    assert bucket_checksum(skipped_page) == digest
+
+
+def test_bucket_storage_moves_parameters_into_one_tensor_per_bucket_keeping_values():
+    torch.manual_seed(3)
+    embed = torch.nn.Parameter(torch.randn(4, 2))
+    params = {"embed": embed, "norm": torch.nn.Parameter(torch.randn(3)), "head": embed}  # head tied to embed
+    specs = [WeightSpec("embed", (4, 2), "float32"), WeightSpec("norm", (3,), "float32"), WeightSpec("head", (4, 2), "float32")]
+    before = {name: p.detach().clone() for name, p in params.items()}
+    storage = bucket_storage(params, specs, [[0, 1], [2]])
+    assert [t.numel() for t in storage] == [11, 8]
+    for name in params:
+        torch.testing.assert_close(params[name].data, before[name], rtol=0, atol=0)
+    # embed and norm now live in bucket 0, back to back: a sender sends them with no copy.
+    view = adjacent_view([params["embed"].data, params["norm"].data], torch.float32, torch.device("cpu"))
+    assert view is not None and view.data_ptr() == storage[0].data_ptr() and view.numel() == 11
+    storage[0][0] = 42.0  # a bucket received there is the weight itself
+    assert params["embed"][0, 0].item() == 42.0 and params["head"][0, 0].item() == 42.0
+    # The tied head lives at embed's place; its own place in bucket 1 is not the parameter.
+    assert adjacent_view([params["head"].data], torch.float32, torch.device("cpu")).data_ptr() != storage[1].data_ptr()
+
+
+def test_adjacent_view_refuses_tensors_that_are_not_back_to_back():
+    a, b = torch.zeros(4), torch.zeros(4)
+    assert adjacent_view([a, b], torch.float32, torch.device("cpu")) is None  # two storages
+    whole = torch.zeros(10)
+    assert adjacent_view([whole[:4], whole[5:]], torch.float32, torch.device("cpu")) is None  # a gap
+    assert adjacent_view([whole[:4], whole[4:]], torch.bfloat16, torch.device("cpu")) is None  # other dtype
+    assert adjacent_view([whole[:4], whole[4:]], torch.float32, torch.device("cpu")).numel() == 10
+
+
+def _in_place_receiver(port, specs, buckets, queue):
+    group = BroadcastGroup.join("127.0.0.1", port, 1, 2, "gloo", 60)
+    model = {spec.name: torch.nn.Parameter(torch.zeros(spec.shape), requires_grad=False) for spec in specs}
+    storage = bucket_storage(model, specs, buckets)
+    tally = ReceiveTally()
+    receive_into(group, storage, tally)
+    queue.put(({name: p.detach().clone() for name, p in model.items()}, tally.checksum, tally.num_bytes))
+
+
+def test_buckets_received_in_place_are_the_weights_sent_as_they_lie_or_packed():
+    # The sender's first bucket lies back to back (sent with no copy); the others are packed.
+    torch.manual_seed(4)
+    specs = [WeightSpec(f"w{i}", (n,), "float32") for i, n in enumerate((300, 200, 50_000, 7, 9))]
+    buckets = plan_buckets(specs, 2000)  # [[0, 1], [2], [3, 4]]
+    sender = {spec.name: torch.nn.Parameter(torch.randn(spec.shape), requires_grad=False) for spec in specs}
+    laid_out = bucket_storage(sender, specs, buckets)
+    sender["w3"].data = torch.randn(7)  # no longer in its bucket: that bucket must be packed
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_in_place_receiver, args=(port, specs, buckets, queue))
+    child.start()
+    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
+    checksum, sent = send_buckets(group, [sender[s.name].data for s in specs], specs, buckets)
+    received, their_checksum, their_bytes = queue.get(timeout=60)
+    child.join(timeout=30)
+    assert buckets == [[0, 1], [2], [3, 4]] and laid_out[0].numel() == 500
+    assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * 50_516
+    for name, param in sender.items():
+        torch.testing.assert_close(received[name], param.data, rtol=0, atol=0)
