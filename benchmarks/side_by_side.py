@@ -16,7 +16,8 @@ pass per batch, the same exact-match reward. Measured:
 - rollout tokens/s of the vllm backend against the hf backend (on-policy, the rollout phase);
 - time to 60% held-out accuracy (greedy, 500 held-out problems, evaluated every 25 steps)
   against benchmarks/plain_grpo_loop.py, a single-process loop with the same model and settings:
-  the median over --race-seeds seeds, each seed running both sides back to back.
+  the median over --race-seeds seeds, each seed running every side back to back; grpo-ray
+  pipelined and strictly on-policy, the ratio from the faster of the two.
 
 Writes results/side_by_side.md (a table) and results/side_by_side.png (a chart) next to this
 file, and the figures as JSON with --json.
@@ -110,35 +111,40 @@ def time_to_accuracy(metrics: dict, target: float) -> float | None:
 
 
 def accuracy_race(work: Path, target: float, seeds: int, reuse: bool) -> dict:
-    """Seconds to `target` held-out accuracy: the plain loop and grpo-ray pipelined, seed by seed.
+    """Seconds to `target` held-out accuracy: the plain loop, and grpo-ray pipelined and strictly
+    on-policy (2 learner ranks each), seed by seed.
 
     One run of each is not a measurement here: the steps a seed needs vary by ~15%, and this
-    machine's speed drifts by as much between minutes. So each seed runs both sides back to back
-    (the drift hits both alike) and the ratio is of the medians.
+    machine's speed drifts by as much between minutes. So each seed runs every side back to back
+    (the drift hits them alike), and the figures are medians over seeds. time_to_acc_ratio is the
+    faster grpo-ray layout's median over the loop's.
     """
-    plain_seconds, plain_steps, grpo_seconds, grpo_steps = [], [], [], []
+    layouts = {"pipelined": ("grpo-race", LEARNERS + PIPELINED), "on-policy": ("grpo-race-on-policy", LEARNERS)}
+    reached: dict[str, list[tuple[float | None, int | None]]] = {"plain": [], **{name: [] for name in layouts}}
     for seed in range(seeds):
         name = f"plain-seed{seed}"
         run([sys.executable, str(HERE / "plain_grpo_loop.py"), "--steps", "2000", "--eval-every", "25", "--seed", str(seed),
              "--target", str(target), "--json", str(work / f"{name}.json")], work / f"{name}.log", work / f"{name}.json", reuse)
         curve = json.loads((work / f"{name}.json").read_text())["curve"]
-        reached = next(((step, t) for step, t, acc in curve if step > 0 and acc >= target), (None, None))
-        plain_steps.append(reached[0])
-        plain_seconds.append(reached[1])
-        raced = grpo_ray(f"grpo-race-seed{seed}", work, LEARNERS + PIPELINED + [
-            f"seed={seed}", "train.steps=2000", "train.eval_every=25", f"train.stop_at_accuracy={target}"], reuse)
-        grpo_seconds.append(time_to_accuracy(raced, target))
-        grpo_steps.append(max(raced["eval/accuracy"]) if grpo_seconds[-1] is not None else None)
+        reached["plain"].append(next(((t, step) for step, t, acc in curve if step > 0 and acc >= target), (None, None)))
+        for layout, (prefix, sets) in layouts.items():
+            raced = grpo_ray(f"{prefix}-seed{seed}", work, sets + [
+                f"seed={seed}", "train.steps=2000", "train.eval_every=25", f"train.stop_at_accuracy={target}"], reuse)
+            seconds = time_to_accuracy(raced, target)
+            reached[layout].append((seconds, max(raced["eval/accuracy"]) if seconds is not None else None))
 
-    def median(xs):
-        return float(np.median(xs)) if xs and None not in xs else None
+    def summary(runs: list[tuple[float | None, int | None]]) -> dict:
+        seconds, steps = [t for t, _ in runs], [n for _, n in runs]
+        done = None not in seconds
+        return {"seconds": float(np.median(seconds)) if done else None, "steps": float(np.median(steps)) if done else None,
+                "seconds_per_seed": seconds, "steps_per_seed": steps}
 
-    ratio = median(grpo_seconds) / median(plain_seconds) if median(grpo_seconds) and median(plain_seconds) else None
-    return {"target": target, "seeds": seeds, "ratio": ratio,
-            "plain_seconds": median(plain_seconds), "grpo_seconds": median(grpo_seconds),
-            "plain_steps": median(plain_steps), "grpo_steps": median(grpo_steps),
-            "plain_seconds_per_seed": plain_seconds, "grpo_seconds_per_seed": grpo_seconds,
-            "plain_steps_per_seed": plain_steps, "grpo_steps_per_seed": grpo_steps}
+    sides = {side: summary(runs) for side, runs in reached.items()}
+    finished = [layout for layout in layouts if sides[layout]["seconds"] is not None]
+    fastest = min(finished, key=lambda layout: sides[layout]["seconds"]) if finished else None
+    plain = sides["plain"]["seconds"]
+    return {"target": target, "seeds": seeds, "sides": sides, "fastest": fastest,
+            "ratio": sides[fastest]["seconds"] / plain if fastest and plain else None}
 
 
 def prepare_prompts(work: Path) -> tuple[str, Path]:
@@ -252,12 +258,15 @@ def markdown(f: dict) -> str:
 
     race = f["time_to_acc"] or {}
 
-    def per_seed(side: str) -> str:
-        """', median of seeds: 172 s/600, ...' for a multi-seed race."""
-        if len(race.get(f"{side}_seconds_per_seed") or []) < 2:
-            return ""
-        runs = ", ".join(f"{num(t)} s/{num(n)}" for t, n in zip(race[f"{side}_seconds_per_seed"], race[f"{side}_steps_per_seed"]))
-        return f", median of {race['seeds']} seeds ({runs} steps)"
+    def race_row(side: str, label: str) -> str:
+        """'| time to 60% ..., median of 3 seeds (171 s/600, ... steps) | 182 s (650 steps) |'"""
+        figures = race.get("sides", {}).get(side)
+        if figures is None:
+            return f"| time to {race.get('target', 0.6):.0%} held-out accuracy, {label} | n/a |"
+        runs = ", ".join(f"{num(t)} s/{num(n)}" for t, n in zip(figures["seconds_per_seed"], figures["steps_per_seed"]))
+        return (f"| time to {race['target']:.0%} held-out accuracy, {label}, median of {race['seeds']} seeds ({runs} steps) "
+                f"| {num(figures['seconds'])} s ({num(figures['steps'])} steps) |")
+
     lines = [
         f"Measured {f['date']} on {f['machine']}: tiny model, 32 prompts x 8 completions of at most 5 tokens per step, "
         f"{f['steps']} steps ({f['warmup_steps']} warm-up steps left out); TRL {f['trl_version']} with {f['trl_torch_threads']} torch threads.",
@@ -282,11 +291,10 @@ def markdown(f: dict) -> str:
         f"| plain broadcast of the same bytes, same processes | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
         f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
         f"| rollout tokens/s, vllm backend | {num(f['vllm_rollout_tokens_per_s'])} |",
-        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, plain single-process loop{per_seed('plain')} "
-        f"| {num(race.get('plain_seconds'))} s ({num(race.get('plain_steps'))} steps) |",
-        f"| time to {race.get('target', 0.6):.0%} held-out accuracy, grpo-ray pipelined{per_seed('grpo')} "
-        f"| {num(race.get('grpo_seconds'))} s ({num(race.get('grpo_steps'))} steps) |",
-        f"| time_to_acc_ratio (grpo-ray / plain loop) | {num(f['time_to_acc_ratio'], '{:.2f}')} |",
+        race_row("plain", "plain single-process loop"),
+        race_row("pipelined", "grpo-ray pipelined, 2 learner ranks"),
+        race_row("on-policy", "grpo-ray on-policy, 2 learner ranks"),
+        f"| time_to_acc_ratio (grpo-ray's faster layout, {race.get('fastest') or 'n/a'}, / plain loop) | {num(f['time_to_acc_ratio'], '{:.2f}')} |",
     ]
     return "\n".join(lines) + "\n"
 
