@@ -229,7 +229,7 @@ class SyncReport:
 
     who: str  # "learner" or "rollout-<i>"
     version: int
-    checksum: int  # crc32 over every bucket's bytes, in send order
+    checksum: int  # weight_sync.bucket_checksum chained over the buckets, in send order
     num_bytes: int
     seconds: float
 

@@ -1,6 +1,6 @@
 """Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
 
-Proof after every sync: each worker's crc32 over the buckets it received must equal the one
+Proof after every sync: each worker's digest (weight_sync.bucket_checksum) of the buckets it received must equal the one
 learner rank 0 computed over what it sent. Every `probe_every` syncs, each rollout engine scores
 a fixed probe sequence and its log-probs must match the learner's: a checksum of the engine's own
 parameters would not do, since the CPU vLLM engine repacks some weight matrices.
