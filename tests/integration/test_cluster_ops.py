@@ -5,9 +5,11 @@ label pool=rollout. Drivers run in their own processes (as under `ray job submit
 one: Ray reads its auth mode once per process.
 """
 
+import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +18,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_ray.cluster.weight_sync import free_port
 
 from .conftest import ray_processes
 
@@ -40,16 +41,27 @@ def job_status(cluster, job: str) -> str:
     return re.search(rf"Job '{job}' (succeeded|was stopped|failed)", out.stdout + out.stderr).group(1)
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen (free_port() twice
+    in a row can return the same port, and ray start then fails on the clash; seen here)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 def own_ports() -> list[str]:
     """Ports a node's agents take: fixed defaults would clash between two nodes on one machine."""
-    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}",
-            f"--dashboard-agent-grpc-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-            f"--metrics-export-port={free_port()}"]
+    agent, agent_grpc, runtime_env, metrics = free_ports(4)
+    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}"]
 
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    port, dashboard = free_port(), free_port()
+    port, dashboard = free_ports(2)
     try:
         ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", '--resources={"learner_node": 1}', *own_ports())
