@@ -39,20 +39,27 @@ def _receiver(port, specs, buckets, queue):
     queue.put((received, tally.checksum, tally.num_bytes))
 
 
+def _send_to_child(receiver, specs, buckets, tensors):
+    """Send `tensors` from here (rank 0) to a spawned child running `receiver` (rank 1); returns
+    (checksum, bytes sent, what the child put on its queue)."""
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=receiver, args=(port, specs, buckets, queue))
+    child.start()
+    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
+    checksum, sent = send_buckets(group, tensors, specs, buckets)
+    received = queue.get(timeout=60)
+    child.join(timeout=30)
+    return checksum, sent, received
+
+
 def test_send_and_receive_round_trip_with_matching_checksums():
     torch.manual_seed(0)
     tensors = [torch.randn(3, 4), torch.randn(7), torch.randn(2, 2, 2)]
     specs = [WeightSpec(f"w{i}", tuple(t.shape), "float32") for i, t in enumerate(tensors)]
     buckets = plan_buckets(specs, 64)  # 48 B, 28 B, 32 B -> [[0], [1, 2]]
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_receiver, args=(port, specs, buckets, queue))
-    child.start()
-    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
-    checksum, sent = send_buckets(group, tensors, specs, buckets)
-    received, their_checksum, their_bytes = queue.get(timeout=60)
-    child.join(timeout=30)
+    checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(_receiver, specs, buckets, tensors)
     assert buckets == [[0], [1, 2]]
     assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * (12 + 7 + 8)
     for i, tensor in enumerate(tensors):
@@ -66,15 +73,7 @@ def test_many_buckets_in_flight_arrive_in_order_with_matching_checksums():
     specs = [WeightSpec(f"w{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(tensors)]
     buckets = plan_buckets(specs, 100)
     assert len(buckets) >= 8
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_receiver, args=(port, specs, buckets, queue))
-    child.start()
-    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
-    checksum, sent = send_buckets(group, tensors, specs, buckets)
-    received, their_checksum, their_bytes = queue.get(timeout=60)
-    child.join(timeout=30)
+    checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(_receiver, specs, buckets, tensors)
     assert (their_checksum, their_bytes) == (checksum, sent)
     for i, tensor in enumerate(tensors):
         torch.testing.assert_close(received[f"w{i}"], tensor, rtol=0, atol=0)
@@ -170,15 +169,8 @@ def test_buckets_received_in_place_are_the_weights_sent_as_they_lie_or_packed():
     sender = {spec.name: torch.nn.Parameter(torch.randn(spec.shape), requires_grad=False) for spec in specs}
     laid_out = bucket_storage(sender, specs, buckets)
     sender["w3"].data = torch.randn(7)  # no longer in its bucket: that bucket must be packed
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=_in_place_receiver, args=(port, specs, buckets, queue))
-    child.start()
-    group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
-    checksum, sent = send_buckets(group, [sender[s.name].data for s in specs], specs, buckets)
-    received, their_checksum, their_bytes = queue.get(timeout=60)
-    child.join(timeout=30)
+    tensors = [sender[spec.name].data for spec in specs]
+    checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(_in_place_receiver, specs, buckets, tensors)
     assert buckets == [[0, 1], [2], [3, 4]] and laid_out[0].numel() == 500
     assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * 50_516
     for name, param in sender.items():
