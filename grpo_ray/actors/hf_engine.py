@@ -41,12 +41,19 @@ class HFEngine:
         for row, ids in enumerate(prompts):
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         greedy = sampling.temperature == 0
+        g = sampling.samples_per_prompt
+        prompt_cache = None
+        if g > 1 and width > 1:
+            prompt_cache = self._prompt_cache(input_ids[:, :-1], attention[:, :-1], g)
+            input_ids, attention = input_ids.repeat_interleave(g, dim=0), attention.repeat_interleave(g, dim=0)
         recorder = SampledLogprobs(sampling)
         torch.manual_seed(sampling.seed)
         sequences = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
+            input_ids=input_ids,
+            attention_mask=attention,
+            past_key_values=prompt_cache,
             do_sample=not greedy,
             # Neutral settings switch off Hugging Face's own warpers and the model file's sampling
             # defaults (Qwen's generation_config sets top_k, top_p and a repetition penalty): the
@@ -57,7 +64,7 @@ class HFEngine:
             repetition_penalty=1.0,
             logits_processor=LogitsProcessorList([recorder]),
             max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=sampling.samples_per_prompt,
+            num_return_sequences=1 if prompt_cache is not None else g,
             eos_token_id=list(self.stop_ids),
             pad_token_id=pad,
         )
@@ -65,8 +72,22 @@ class HFEngine:
         logprobs = recorder.drawn_logprobs(generated)
         generated, logprobs = generated.cpu(), logprobs.cpu()  # one copy, not one per token
         completions = [self._completion(generated[i], logprobs[i]) for i in range(generated.shape[0])]
-        g = sampling.samples_per_prompt
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
+
+    def _prompt_cache(self, input_ids: torch.Tensor, attention: torch.Tensor, samples_per_prompt: int):
+        """The KV cache of every prompt but its last token, computed once per prompt and repeated
+        for its G samples (row i*G+j is sample j of prompt i, as num_return_sequences orders them).
+
+        `generate` with num_return_sequences=G runs the prompt G times: with short completions that
+        prefill was most of the work (tiny recipe, 32 prompts x 8 samples of 5 tokens: 59 of 101 ms).
+        The last prompt token is left to `generate`, which needs one uncached token to start from.
+        Positions count real tokens only, as `generate` numbers them under left padding.
+        """
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(samples_per_prompt)
+        return cache
 
     def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> Completion:
         token_list = tokens.tolist()

@@ -49,3 +49,19 @@ def test_greedy_reports_the_raw_model_logprob(engine):
     groups = engine.generate(PROMPTS, SamplingSettings(samples_per_prompt=1, max_new_tokens=5, temperature=0.0))
     for prompt, (completion,) in zip(PROMPTS, groups):
         np.testing.assert_allclose(completion.logprobs, _model_logprobs(engine, prompt, completion, 1.0), atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 1.5])
+def test_prompts_prefilled_once_for_their_samples_draw_what_a_prefill_per_sample_draws(engine, temperature):
+    # G samples of a prompt share one prefill of it (its cache repeated G times). Each prompt
+    # written out G times with one sample each is prefilled once per row: with the same seed
+    # the sampler sees the same rows in the same order, so every token must agree.
+    g = 4
+    shared = engine.generate(PROMPTS, SamplingSettings(samples_per_prompt=g, max_new_tokens=6, temperature=temperature, seed=5))
+    repeated = [p for p in PROMPTS for _ in range(g)]
+    per_row = engine.generate(repeated, SamplingSettings(samples_per_prompt=1, max_new_tokens=6, temperature=temperature, seed=5))
+    flat = [c for group in shared for c in group]
+    assert [c.token_ids for c in flat] == [group[0].token_ids for group in per_row]
+    assert len({c.token_ids for c in flat}) > len(PROMPTS), "the samples of a prompt must differ"
+    for c, (row,) in zip(flat, per_row):
+        np.testing.assert_allclose(c.logprobs, row.logprobs, atol=1e-5)
