@@ -71,7 +71,7 @@ class HFEngine:
         generated = sequences[:, width:]  # [P*G, L]
         logprobs = recorder.drawn_logprobs(generated)
         generated, logprobs = generated.cpu(), logprobs.cpu()  # one copy, not one per token
-        completions = [self._completion(generated[i], logprobs[i]) for i in range(generated.shape[0])]
+        completions = self._completions(generated, logprobs)
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
 
     def _prompt_cache(self, input_ids: torch.Tensor, attention: torch.Tensor, samples_per_prompt: int):
@@ -89,21 +89,20 @@ class HFEngine:
         cache.batch_repeat_interleave(samples_per_prompt)
         return cache
 
-    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> Completion:
-        token_list = tokens.tolist()
-        length = len(token_list)
-        finish = "length"
-        for position, token in enumerate(token_list):
-            if token in self.stop_ids:
-                length, finish = position + 1, "stop"
-                break
-        ids = tuple(token_list[:length])
-        return Completion(
-            token_ids=ids,
-            logprobs=tuple(float(x) for x in logprobs[:length]),
-            text=self.tokenizer.decode(ids, skip_special_tokens=True),
-            finish_reason=finish,
-        )
+    def _completions(self, generated: torch.Tensor, logprobs: torch.Tensor) -> list[Completion]:
+        """Each row up to and including its first stop token ("stop"), or whole ("length").
+
+        Whole-batch conversions and one batch_decode: a row at a time cost ~12 ms of a 55 ms
+        tiny-recipe generation (256 rows)."""
+        stops = torch.isin(generated, torch.tensor(sorted(self.stop_ids), dtype=generated.dtype))
+        stopped = stops.any(dim=1)
+        lengths = torch.where(stopped, stops.int().argmax(dim=1) + 1, generated.shape[1]).tolist()
+        ids = [tuple(row[:n]) for row, n in zip(generated.tolist(), lengths)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [
+            Completion(token_ids=row, logprobs=tuple(lps[:n]), text=text, finish_reason="stop" if stop else "length")
+            for row, lps, n, text, stop in zip(ids, logprobs.tolist(), lengths, texts, stopped.tolist())
+        ]
 
     @torch.no_grad()
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float) -> np.ndarray:
