@@ -26,6 +26,7 @@ from grpo_ray.cluster.weight_sync import (
     device_identity,
     plan_buckets,
     send_buckets,
+    tied_aliases,
     timed_raw_broadcast,
 )
 from grpo_ray.models.loading import (
@@ -245,14 +246,14 @@ class LearnerWorker:
         """What a sync sends: the policy's weights (LoRA merged), or with adapter_only the LoRA
         matrices alone, for engines that apply the adapter themselves."""
         specs = weight_specs(self.module, adapter_only)
-        buckets = plan_buckets(specs, bucket_bytes)
+        params = export_parameters(self.module, adapter_only)
+        buckets = plan_buckets(specs, bucket_bytes, alone=tied_aliases(params))
         # Without ZeRO or a mixed-precision wrapper, the optimizer updates the module's own
         # tensors in place: lay them out bucket by bucket, so a sync sends them as they lie
         # instead of packing a copy. (ZeRO-1/2 keep them in DeepSpeed's flat groups already.)
         if self.settings.zero_stage == 0 and not (self.engine.bfloat16_enabled() or self.engine.fp16_enabled()):
-            params = dict(zip([spec.name for spec in specs], export_parameters(self.module, adapter_only)))
             with torch.no_grad():
-                bucket_storage(params, specs, buckets)
+                bucket_storage(dict(zip([spec.name for spec in specs], params)), specs, buckets)
         return specs, buckets
 
     def device_identity(self) -> str | None:

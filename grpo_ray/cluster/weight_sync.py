@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -34,16 +34,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def plan_buckets(specs: list[WeightSpec], bucket_bytes: int) -> list[list[int]]:
+def plan_buckets(specs: list[WeightSpec], bucket_bytes: int, alone: Collection[int] = ()) -> list[list[int]]:
     """Group spec indices into buckets of one dtype and at most `bucket_bytes` each, in order.
 
-    A tensor larger than the bucket size travels alone in its own bucket.
+    A tensor larger than the bucket size travels alone in its own bucket, and so does every index
+    in `alone`, after the others: a tied alias (lm_head = the embedding) cannot lie back to back
+    with its bucket's other tensors, and in their bucket would make the sender pack all of it.
     """
     buckets: list[list[int]] = []
     current: list[int] = []
     current_bytes = 0
     current_dtype = None
     for index, spec in enumerate(specs):
+        if index in alone:
+            continue
         size = spec_bytes(spec)
         if current and (spec.dtype != current_dtype or current_bytes + size > bucket_bytes):
             buckets.append(current)
@@ -53,7 +57,7 @@ def plan_buckets(specs: list[WeightSpec], bucket_bytes: int) -> list[list[int]]:
         current_dtype = spec.dtype
     if current:
         buckets.append(current)
-    return buckets
+    return buckets + [[index] for index in sorted(alone)]
 
 
 def spec_bytes(spec: WeightSpec) -> int:
@@ -190,7 +194,7 @@ def timed_raw_broadcast(group: BroadcastGroup, num_bytes: int, repeats: int = 3)
 def send_buckets(
     group: BroadcastGroup, tensors: Iterable[torch.Tensor], specs: list[WeightSpec], buckets: list[list[int]]
 ) -> tuple[int, int]:
-    """Broadcast tensors (in spec order) bucket by bucket; returns (checksum, bytes sent).
+    """Broadcast tensors (bucket by bucket, in each bucket's order); returns (checksum, bytes sent).
 
     A bucket whose tensors already lie back to back in one storage, of the bucket's dtype and on
     the group's device, is sent as it lies; any other is packed into one of the group's two
@@ -240,6 +244,17 @@ def adjacent_view(parts: list[torch.Tensor], dtype: torch.dtype, device: torch.d
             return None
         end += part.numel() * part.element_size()
     return first.as_strided((sum(p.numel() for p in parts),), (1,), first.storage_offset())
+
+
+def tied_aliases(parameters: list[torch.Tensor]) -> list[int]:
+    """Indices of the tensors that are a tensor listed before them (a tied lm_head)."""
+    seen: set[int] = set()
+    aliases = []
+    for index, param in enumerate(parameters):
+        if id(param) in seen:
+            aliases.append(index)
+        seen.add(id(param))
+    return aliases
 
 
 def bucket_storage(

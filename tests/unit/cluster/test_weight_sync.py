@@ -17,6 +17,7 @@ from grpo_ray.cluster.weight_sync import (
     receive_buckets,
     receive_into,
     send_buckets,
+    tied_aliases,
 )
 from grpo_ray.types import WeightSpec
 
@@ -30,6 +31,15 @@ def test_buckets_respect_size_and_dtype_and_keep_order():
     # 80-byte buckets: a+b (80 B) fill one; c (120 B) is alone (too big); d changes dtype; e alone.
     assert plan_buckets(specs, 80) == [[0, 1], [2], [3], [4]]
     assert plan_buckets(specs, 10**6) == [[0, 1, 2], [3], [4]]
+
+
+def test_tied_aliases_travel_alone_after_the_other_buckets():
+    embed, norm = torch.zeros(4), torch.zeros(2)
+    assert tied_aliases([embed, norm, embed]) == [2]  # lm_head is the embedding itself
+    specs = [spec("embed", 10), spec("norm", 10), spec("head", 10), spec("out", 10)]
+    # Without the alias, embed, norm and out fill one bucket that a sender can send as it lies.
+    assert plan_buckets(specs, 10**6, alone=[2]) == [[0, 1, 3], [2]]
+    assert plan_buckets(specs, 80, alone=[2]) == [[0, 1], [3], [2]]
 
 
 def _receiver(port, specs, buckets, queue):
@@ -175,3 +185,23 @@ def test_buckets_received_in_place_are_the_weights_sent_as_they_lie_or_packed():
     assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * 50_516
     for name, param in sender.items():
         torch.testing.assert_close(received[name], param.data, rtol=0, atol=0)
+
+
+def test_a_tied_alias_planned_last_is_received_under_its_own_name():
+    # Buckets out of spec order ([[0, 1, 3], [2]]): the sender yields bucket by bucket, the
+    # receiver places each by name, in place and through an engine's loader alike.
+    torch.manual_seed(5)
+    embed = torch.nn.Parameter(torch.randn(6), requires_grad=False)
+    model = {"embed": embed, "norm": torch.nn.Parameter(torch.randn(3), requires_grad=False), "head": embed,
+             "out": torch.nn.Parameter(torch.randn(4), requires_grad=False)}
+    specs = [WeightSpec(name, tuple(p.shape), "float32") for name, p in model.items()]
+    buckets = plan_buckets(specs, 10**6, alone=tied_aliases(list(model.values())))
+    assert buckets == [[0, 1, 3], [2]]
+    bucket_storage(model, specs, buckets)
+    assert adjacent_view([model[specs[i].name].data for i in buckets[0]], torch.float32, torch.device("cpu")) is not None
+    tensors = [model[specs[i].name].data for bucket in buckets for i in bucket]
+    for receiver in (_in_place_receiver, _receiver):
+        checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(receiver, specs, buckets, tensors)
+        assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * (6 + 3 + 6 + 4)
+        for name, param in model.items():
+            torch.testing.assert_close(received[name], param.data, rtol=0, atol=0)
