@@ -12,7 +12,8 @@ pass per batch, the same exact-match reward. Measured:
 - grpo-ray's seconds per phase and its orchestration overhead: wall time per step minus the timed
   phases (rollout wait, reward, reference, advantages, update, sync), MLflow logging included;
 - weight-sync GB/s next to a plain torch.distributed broadcast of the same bytes between the same
-  processes (learner rank 0 -> rollout workers, in the sync's own group);
+  processes (learner rank 0 -> rollout workers, in the sync's own group), for the tiny model
+  (2 MB: fixed per-call costs) and, in a short run of its own, a wide random model of 269 MB;
 - rollout tokens/s of the vllm backend against the hf backend (on-policy, the rollout phase);
 - time to 60% held-out accuracy (greedy, 500 held-out problems, evaluated every 25 steps)
   against benchmarks/plain_grpo_loop.py, a single-process loop with the same model and settings:
@@ -48,6 +49,13 @@ PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
 LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128",
             "learner.torch_threads=1"]
 PIPELINED = ["rollout.max_staleness=1", "rollout.torch_threads=1"]
+# Weight sync at a model's size, inside a run: the wide random model, 2 prompts x 4 samples a step
+# (its update takes ~1.5 s on 2 cores), a length reward so that groups differ and every step
+# updates and syncs. The recipe's 64 MB buckets.
+WIDE_STEPS = 10
+WIDE = [f"train.steps={WIDE_STEPS}", "train.eval_every=0", "data.eval_limit=4", "weight_sync.probe_every=0",
+        "weight_sync.measure_raw_broadcast=true", "train.prompts_per_step=2", "rollout.samples_per_prompt=4",
+        "rollout.max_new_tokens=8", "reward.functions=[{name: length_words, options: {target_words: 2}}]"]
 
 
 def run(command: list[str], log: Path, result: Path, reuse: bool = False) -> None:
@@ -147,6 +155,30 @@ def accuracy_race(work: Path, target: float, seeds: int, reuse: bool) -> dict:
             "ratio": sides[fastest]["seconds"] / plain if fastest and plain else None}
 
 
+def wide_model(work: Path, hidden: int = 1024, layers: int = 4) -> Path:
+    """The tiny model's tokenizer on a wide random Qwen2 (1024 x 4 layers, 268 MB of float32):
+    weight sync at a model's size, inside a run. Its weights are random; only the bytes matter."""
+    import torch
+    from transformers import AutoConfig, Qwen2ForCausalLM
+
+    from grpo_ray.models.loading import resolve_model_path
+
+    tiny = Path(resolve_model_path("tiny"))
+    out = work / "wide-model"
+    if (out / "config.json").exists():
+        return out
+    config = AutoConfig.from_pretrained(tiny)
+    config.update({"hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": layers,
+                   "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 64, "head_dim": 64,
+                   "layer_types": ["full_attention"] * layers})
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (tiny / name).exists():
+            shutil.copy(tiny / name, out / name)
+    return out
+
+
 def prepare_prompts(work: Path) -> tuple[str, Path]:
     """The tiny model's folder and its training prompts as chat-templated text that re-tokenises
     to exactly the token ids grpo-ray samples from."""
@@ -201,6 +233,16 @@ def main() -> None:
     if not args.skip_vllm:
         vllm = throughput(grpo_ray("grpo-vllm", work, short + ["rollout.backend=vllm"], reuse), args.warmup, completions)
 
+    wide = grpo_ray("grpo-sync-wide", work, WIDE + [f"model.path={wide_model(work)}"], reuse)
+    wide_steps = sorted(wide["sync/gbytes_per_s"])[2:]  # the first syncs touch fresh pages
+    sync_wide = {
+        "megabytes": wide["sync/megabytes"][wide_steps[0]][0],
+        "sync_gbps": float(np.median(values(wide, "sync/gbytes_per_s", wide_steps))),
+        "raw_broadcast_gbps": wide["sync/raw_broadcast_gbps"][0][0],
+        "syncs": len(wide_steps),
+    }
+    sync_wide["fraction"] = sync_wide["sync_gbps"] / sync_wide["raw_broadcast_gbps"]
+
     race = None
     if not args.skip_accuracy:
         race = accuracy_race(work, args.target, args.race_seeds, reuse)
@@ -227,6 +269,7 @@ def main() -> None:
         "raw_broadcast_gbps": pipelined["raw_broadcast_gbps"],
         "phases_pipelined": pipelined["phases"],
         "phases_on_policy": on_policy["phases"],
+        "sync_wide": sync_wide,
         "hf_rollout_tokens_per_s": single["rollout_tokens_per_s"],
         "vllm_rollout_tokens_per_s": vllm["rollout_tokens_per_s"] if vllm else None,
         "time_to_acc_ratio": race["ratio"] if race else None,
@@ -289,6 +332,11 @@ def markdown(f: dict) -> str:
         "|---|---:|",
         f"| weight sync | {num(f['sync_gbps'], '{:.3f}')} GB/s |",
         f"| plain broadcast of the same bytes, same processes | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
+        f"| weight sync of a {f['sync_wide']['megabytes']:.0f} MB model in a run (wide random Qwen2, 64 MB buckets; median of "
+        f"{f['sync_wide']['syncs']} syncs) | {f['sync_wide']['sync_gbps']:.3f} GB/s |",
+        f"| plain broadcast of the same bytes, same processes | {f['sync_wide']['raw_broadcast_gbps']:.3f} GB/s |",
+        f"| weight sync / plain broadcast: tiny model, {f['sync_wide']['megabytes']:.0f} MB model "
+        f"| {f['sync_gbps'] / f['raw_broadcast_gbps']:.0%}, {f['sync_wide']['fraction']:.0%} |",
         f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
         f"| rollout tokens/s, vllm backend | {num(f['vllm_rollout_tokens_per_s'])} |",
         race_row("plain", "plain single-process loop"),
