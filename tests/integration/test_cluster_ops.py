@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-
 from .conftest import ray_processes
 
 ROOT = Path(__file__).resolve().parents[2]
