@@ -25,7 +25,8 @@ from grpo_ray.actors.rollout import pack_slice  # noqa: E402
 from grpo_ray.algo import compute_advantages, grpo_loss  # noqa: E402
 from grpo_ray.data.loaders import load_rows  # noqa: E402
 from grpo_ray.data.prompts import PromptStream, tokenize_prompts  # noqa: E402
-from grpo_ray.models.loading import load_tokenizer, resolve_model_path, sequence_logprobs  # noqa: E402
+from grpo_ray.models.loading import load_tokenizer, resolve_model_path  # noqa: E402
+from grpo_ray.models.shared_prompts import completion_logprobs  # noqa: E402
 from grpo_ray.rewards import exact_match  # noqa: E402
 from grpo_ray.types import SamplingSettings  # noqa: E402
 
@@ -74,7 +75,12 @@ def main() -> None:
         rewards = torch.tensor(exact_match(batch.completions, batch.prompts, batch.answers), dtype=torch.float32)
         advantages = compute_advantages("grpo", rewards, torch.from_numpy(batch.group_ids))
         model.train()
-        logprobs, _ = sequence_logprobs(model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
+        # The learner's log-prob function (each distinct prompt run once): the loop differs from
+        # grpo-ray in orchestration only.
+        logprobs, _ = completion_logprobs(
+            model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask),
+            torch.from_numpy(batch.completion_mask),
+        )
         out = grpo_loss(
             logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=advantages,
             mask=torch.from_numpy(batch.completion_mask), clip_low=0.2, clip_high=0.2,

@@ -32,13 +32,13 @@ from grpo_ray.cluster.weight_sync import (
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
-    first_completion_column,
     load_causal_lm,
     load_tokenizer,
     merged_lora,
     sequence_logprobs,
     weight_specs,
 )
+from grpo_ray.models.shared_prompts import completion_logprobs
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
 
 
@@ -72,6 +72,7 @@ class LearnerSettings:
     lora_dropout: float = 0.0
     lora_target_modules: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
+    share_prompts: bool = True
 
 
 class LearnerWorker:
@@ -163,10 +164,11 @@ class LearnerWorker:
             for index, rows in enumerate(micro_batches):
                 device = self.engine.device
                 mb = {name: value.to(device) for name, value in _trim_padding({n: v[rows] for n, v in batch.items()}).items()}
-                logprobs, entropy = sequence_logprobs(
-                    self.engine, mb["input_ids"], mb["attention_mask"], shard.temperature,
+                logprobs, entropy = completion_logprobs(
+                    self.engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"], shard.temperature,
                     with_entropy=True, entropy_grad=s.entropy_coef != 0,
-                    from_column=first_completion_column(mb["completion_mask"]),
+                    # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
+                    share_prompts=s.share_prompts and not s.gradient_checkpointing,
                 )
                 if epoch == 0:
                     learner_old[index] = logprobs.detach()

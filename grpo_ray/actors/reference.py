@@ -14,13 +14,8 @@ import numpy as np
 import torch
 
 from grpo_ray.algo.kl import sequence_kl
-from grpo_ray.models.loading import (
-    compute_device,
-    first_completion_column,
-    load_causal_lm,
-    load_named_weights,
-    sequence_logprobs,
-)
+from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights
+from grpo_ray.models.shared_prompts import completion_logprobs
 from grpo_ray.types import RolloutSlice
 
 
@@ -39,12 +34,12 @@ class ReferenceWorker:
         parts = []
         for start in range(0, batch.num_rows, self.micro_batch_size):
             rows = slice(start, start + self.micro_batch_size)
-            logprobs, _ = sequence_logprobs(
+            logprobs, _ = completion_logprobs(
                 self.model,
                 torch.from_numpy(batch.input_ids[rows]),
                 torch.from_numpy(batch.attention_mask[rows]),
+                torch.from_numpy(batch.completion_mask[rows]),
                 temperature,
-                from_column=first_completion_column(torch.from_numpy(batch.completion_mask[rows])),
             )
             parts.append(logprobs.float().cpu().numpy())
         return (np.concatenate(parts) * batch.completion_mask).astype(np.float32)

@@ -86,6 +86,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         lora_dropout=lora.dropout,
         lora_target_modules=tuple(lora.target_modules),
         gradient_checkpointing=lr.gradient_checkpointing,
+        share_prompts=lr.share_prompts,
     )
 
 

@@ -1,0 +1,101 @@
+"""Completion log-probs with each distinct prompt run through the model once, not once per sample.
+
+GRPO trains on G completions of every prompt, so a batch repeats each prompt G times. The full
+forward runs every prompt token G times, and on short completions that is most of the work (the
+tiny recipe: ~15 prompt tokens and ~4 completion tokens a row). Here the rows' prompts (all but
+their last token) go through the model once per distinct prompt with its KV cache kept; the cache
+is then indexed out to every row, and the rest of each row (the last prompt token and the
+completion) attends to it. Autograd carries the rows' gradients back through that indexing into
+the shared prompt pass, so log-probs, entropies and gradients are those of the full forward (to
+float rounding) at a fraction of its cost: the tiny recipe's forward + backward 0.27 -> 0.10 s.
+
+Rows are right-padded [N, T] as the rollout packs them (types.RolloutSlice); a row's prompt is
+everything before its first completion token. Rows whose prompts all differ, gradient
+checkpointing (Hugging Face then keeps no cache) and caches other than the plain dynamic one
+(sliding-window layers drop keys) take the full forward instead: same results, no saving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_ray.models.loading import first_completion_column, sequence_logprobs
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    share_prompts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token log-probs [N, T] (and entropies with `with_entropy`) at completion columns, as
+    sequence_logprobs computes them; columns before a row's completion are 0 or the full forward's
+    values, and either way out of every loss (completion_mask)."""
+    device = next(model.parameters()).device
+    input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
+    full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
+        model, input_ids, attention_mask, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
+        from_column=first_completion_column(completion_mask),
+    )
+    if not share_prompts:
+        return full()
+    lengths = attention_mask.sum(dim=1)
+    has_completion = completion_mask.any(dim=1)
+    prompt_lengths = torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths)
+    # The prefix of a row: its prompt but the last token, which starts the row's own pass so that
+    # its logits (those of the first completion token) come out of that pass.
+    prefix_lengths = (prompt_lengths - 1).clamp(min=0)
+    width = int(prefix_lengths.max())
+    if width == 0:
+        return full()
+    columns = torch.arange(width, device=device)
+    keyed = torch.where(columns < prefix_lengths[:, None], input_ids[:, :width], -1)
+    prefixes, row_prefix = torch.unique(keyed, dim=0, return_inverse=True)
+    if len(prefixes) == len(input_ids):
+        return full()
+    prefix_mask = (prefixes >= 0).long()
+    shared = model(
+        input_ids=prefixes.clamp(min=0), attention_mask=prefix_mask, position_ids=columns.expand(len(prefixes), width),
+        use_cache=True, logits_to_keep=1,
+    ).past_key_values
+    if not _plain_dynamic_cache(shared):
+        return full()
+    shared.batch_select_indices(row_prefix)  # differentiable indexing: gradients sum over the rows
+
+    rest_lengths = lengths - prefix_lengths
+    steps = torch.arange(int(rest_lengths.max()), device=device)
+    positions = prefix_lengths[:, None] + steps
+    rest_ids = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1))
+    rest_mask = (steps < rest_lengths[:, None]).long()
+    logits = model(
+        input_ids=rest_ids, attention_mask=torch.cat([prefix_mask[row_prefix], rest_mask], dim=1),
+        position_ids=positions, past_key_values=shared, use_cache=True,
+    ).logits
+    logits = logits[:, :-1].float()  # position j predicts rest token j + 1, i.e. column prefix + j + 1
+
+    from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
+
+    # Back into the rows' own columns; positions past a row's width land in a dropped extra column.
+    target = (positions[:, 1:]).clamp(max=input_ids.shape[1])
+
+    def place(values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros((len(input_ids), input_ids.shape[1] + 1)).scatter(1, target, values)[:, :-1]
+
+    logprobs = place(token_logprobs_from_logits(logits, rest_ids[:, 1:], temperature=temperature))
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = place(entropy_from_logits(logits, temperature))
+    return logprobs, entropy
+
+
+def _plain_dynamic_cache(cache) -> bool:
+    """A cache whose every layer keeps all keys (sliding-window layers drop old ones)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
