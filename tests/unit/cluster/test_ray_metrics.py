@@ -88,6 +88,31 @@ def test_keys_a_step_reports_win_over_the_defaults():
     assert calls["grpo_ray_completions"] == [("inc", 64.0, {"run": "r"})]
 
 
+def test_steps_within_a_second_reach_ray_together_at_the_next_hand_over():
+    now = [100.0]
+    gauges = StepGauges("r", make=FakeInstrument, every_s=1.0, clock=lambda: now[0])
+    gauges.record(1, {"reward/mean": 0.25}, completions=256)  # the first step goes at once
+    now[0] += 0.4
+    gauges.record(2, {"reward/mean": 0.5}, completions=256)
+    now[0] += 0.4
+    gauges.record(3, {"reward/mean": 0.75}, completions=128)
+    calls = _recorded(gauges)
+    assert calls["grpo_ray_step"] == [("set", 1.0, {"run": "r"})]
+    assert calls["grpo_ray_completions"] == [("inc", 256.0, {"run": "r"})]
+    now[0] += 0.4  # 1.2 s after the first hand-over: steps 2-4 go now
+    gauges.record(4, {"reward/mean": 1.0}, completions=64)
+    assert calls["grpo_ray_step"] == [("set", 1.0, {"run": "r"}), ("set", 4.0, {"run": "r"})]
+    assert calls["grpo_ray_reward_mean"][-1] == ("set", 1.0, {"run": "r"})
+    # The counter moves by every completion in between: its rate stays right.
+    assert calls["grpo_ray_completions"] == [("inc", 256.0, {"run": "r"}), ("inc", 448.0, {"run": "r"})]
+    gauges.record(5, {"reward/mean": 0.0}, completions=32)
+    gauges.flush()  # the run's end
+    assert calls["grpo_ray_step"][-1] == ("set", 5.0, {"run": "r"})
+    assert calls["grpo_ray_completions"][-1] == ("inc", 32.0, {"run": "r"})
+    gauges.flush()  # nothing new: nothing sent
+    assert len(calls["grpo_ray_completions"]) == 3
+
+
 def test_names_are_prometheus_safe_and_unique():
     for metric in EXPORTED:
         assert re.fullmatch(r"[a-z_][a-z0-9_]*", metric.name), metric.name
