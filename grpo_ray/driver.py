@@ -236,7 +236,7 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
             _checkpoint(run, progress)
 
     step = progress.step
-    run.ray_metrics.flush()  # the last steps' values, held back by its once-a-second hand-over
+    run.ray_metrics.flush()  # the last steps' values, held back between its hand-overs (every 5 s)
     model_dir = _save_model(run.workers, run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
     _checkpoint(run, progress, finished=True)

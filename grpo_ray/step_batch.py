@@ -118,7 +118,11 @@ class BatchBuilder:
         faults_before = (dict(self.recovery.replaced) if self.recovery else {}, self.reissued_prompts,
                          self.recovery.seconds if self.recovery else 0.0)
         accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
-        generation = self.pending.popleft() if self.pending else self._start(sampling, group_offset=0)
+        if self.pending:
+            generation = self.pending.popleft()
+        else:
+            with timer("rollout"):  # asking for the rollout is part of it (~2 ms of Ray calls)
+                generation = self._start(sampling, group_offset=0)
         while True:
             versions.append(generation.policy_version)
             rows = self._finish(generation, refs, slice_rows, timer)
@@ -129,7 +133,8 @@ class BatchBuilder:
             if accumulator.done:
                 break
             # Group ids run on across tries, so groups of different tries never merge.
-            generation = self._start(sampling, group_offset=len(generations) * p)
+            with timer("rollout"):
+                generation = self._start(sampling, group_offset=len(generations) * p)
         generated = StepRows.concat(generations)
         # Updates between the weights that sampled the oldest batch and the learner's now.
         metrics = {"batch/generation_tries": float(len(generations)),

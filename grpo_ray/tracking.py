@@ -218,7 +218,10 @@ class ConsoleReporter:
         self.step_seconds.append(metrics.get("timing/step", 0.0))
         eta = sum(self.step_seconds) / len(self.step_seconds) * (self.total - step)
         fields = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
-        print(f"step {step}/{self.total}  {fields}  eta {eta:.0f}s", file=self.stream, flush=True)
+        # Straight to the stream: print() in a Ray driver goes through Ray's tqdm-aware wrapper,
+        # ~1.5 ms a line (a tiny-recipe step is 0.2 s).
+        self.stream.write(f"step {step}/{self.total}  {fields}  eta {eta:.0f}s\n")
+        self.stream.flush()
 
     def close(self) -> None:
         if self.bar is not None:
