@@ -45,7 +45,7 @@ TRL_PYTHON = HERE / ".venv-trl" / "bin" / "python"
 PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
 # Two data-parallel learner ranks, one core's worth (and one torch thread) each, and one rollout
 # worker. On-policy, generation has both cores to itself (configs/tiny.yaml's two threads);
-# pipelined, it shares them with the update, and one thread is faster (809 vs 754 samples/s).
+# pipelined, it shares them with the update, and one thread was faster (809 vs 754 samples/s, before shared prompts).
 LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128",
             "learner.torch_threads=1"]
 PIPELINED = ["rollout.max_staleness=1", "rollout.torch_threads=1"]

@@ -260,8 +260,8 @@ class LearnerConfig(_RoleSection):
     # completions (POLARIS trains 40K-token sequences this way) for about a third more compute.
     gradient_checkpointing: bool = False
     # Run each distinct prompt of a micro-batch through the model once and let its G completions
-    # attend to that pass (same log-probs and gradients to float rounding; the tiny recipe's update
-    # 2.7x faster). Off under gradient_checkpointing, which keeps no KV cache to share.
+    # attend to that pass (same log-probs and gradients to float rounding; the tiny recipe's forward
+    # + backward 2.7x faster). Off under gradient_checkpointing, which keeps no KV cache to share.
     share_prompts: bool = True
 
 
