@@ -263,8 +263,10 @@ def bucket_storage(
     """One flat tensor per bucket that becomes the storage of these parameters (name -> Parameter):
     each parameter's data is moved into its place in its bucket's tensor, so a bucket received
     there is loaded with no further copy. A parameter named twice (tied embeddings) lives at its
-    first place; its later places still receive its bytes, which nothing reads."""
-    storage, placed = [], set()
+    first place in spec order (tied_aliases); its later places still receive its bytes, which nothing
+    reads."""
+    storage = []
+    later_places = set(tied_aliases([parameters[spec.name] for spec in specs]))
     for bucket in buckets:
         first = parameters[specs[bucket[0]].name]
         flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=_dtype(specs[bucket[0]].dtype), device=first.device)
@@ -273,9 +275,8 @@ def bucket_storage(
             spec, param = specs[i], parameters[specs[i].name]
             region = flat[offset : offset + spec.numel].view(spec.shape)
             region.copy_(param.data.reshape(spec.shape))
-            if id(param) not in placed:
+            if i not in later_places:
                 param.data = region
-                placed.add(id(param))
             offset += spec.numel
         storage.append(flat)
     return storage
