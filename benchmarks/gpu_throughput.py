@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_ray.actors.hf_engine import HFEngine  # noqa: E402
 from grpo_ray.actors.learner import LearnerSettings, LearnerWorker  # noqa: E402
-from grpo_ray.cluster.weight_sync import free_port  # noqa: E402
+from grpo_ray.transport.broadcast import free_port  # noqa: E402
 from grpo_ray.models.loading import load_tokenizer  # noqa: E402
 from grpo_ray.types import LearnerShard, RolloutSlice, SamplingSettings  # noqa: E402
 

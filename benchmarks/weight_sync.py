@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_ray.cluster.weight_sync import (  # noqa: E402
+from grpo_ray.transport.broadcast import (  # noqa: E402
     BroadcastGroup,
     ReceiveTally,
     free_port,

@@ -40,13 +40,13 @@ from grpo_ray.config import (  # noqa: E402
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user as is (one line, names the thing)."""
-    from grpo_ray.checkpoint import CheckpointError
-    from grpo_ray.cluster.actors import ClusterError
-    from grpo_ray.cluster.weights import WeightSyncError
+    from grpo_ray.train.checkpoint import CheckpointError
+    from grpo_ray.cluster.placement import ClusterError
+    from grpo_ray.cluster.weight_broadcast import WeightSyncError
     from grpo_ray.data.loaders import DataError
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
-    from grpo_ray.step_batch import RunStoppedError
+    from grpo_ray.train.batch import RunStoppedError
 
     return (ConfigError, CheckpointError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError,
             RunStoppedError)
@@ -133,7 +133,7 @@ def _check_against_cluster(cfg, address: str) -> list[str]:
     """Every shortfall of the plan on the cluster at `address` (what train's reserve() would refuse)."""
     import ray
 
-    from grpo_ray.cluster.actors import ClusterError, cluster_nodes
+    from grpo_ray.cluster.placement import ClusterError, cluster_nodes
     from grpo_ray.cluster.fit import plan_bundles, shortfalls
 
     try:
@@ -167,8 +167,8 @@ def train(config: str, overrides: tuple[str, ...], resume: bool | None) -> None:
 
     A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
-    from grpo_ray import interrupts
-    from grpo_ray.driver import train as run_training
+    from grpo_ray.train import interrupts
+    from grpo_ray.train.loop import train as run_training
 
     interrupts.install()
 
@@ -190,7 +190,7 @@ def rewards() -> None:
 @one_line_errors
 def rewards_score(config: str, data: str, output: str | None, overrides: tuple[str, ...]) -> None:
     """Score existing completions with the recipe's reward functions; print mean and failures per function."""
-    from grpo_ray.reward_scoring import score_file, summary_lines
+    from grpo_ray.commands.rewards_score import score_file, summary_lines
 
     report = score_file(config, data, output, overrides)
     for line in summary_lines(report):
@@ -217,7 +217,7 @@ def rewards_score(config: str, data: str, output: str | None, overrides: tuple[s
 @one_line_errors
 def eval_command(**options) -> None:
     """Sample completions on benchmark files and report avg@k and pass@k per data source."""
-    from grpo_ray.evaluate import EvalSettings, evaluate
+    from grpo_ray.commands.evaluate import EvalSettings, evaluate
 
     report = evaluate(EvalSettings(**options), log=click.echo)
     for line in report.table_lines():
@@ -243,8 +243,8 @@ def eval_command(**options) -> None:
 @one_line_errors
 def sweep_temperature_command(temperatures: str, **options) -> None:
     """Report accuracy (avg@n) and diversity at each temperature, to pick the rollout temperature (POLARIS)."""
-    from grpo_ray.evaluate import EvalSettings
-    from grpo_ray.temperature_sweep import parse_temperatures, sweep_temperatures
+    from grpo_ray.commands.evaluate import EvalSettings
+    from grpo_ray.commands.temperature_sweep import parse_temperatures, sweep_temperatures
 
     chosen = parse_temperatures(temperatures)
     settings = EvalSettings(temperature=chosen[0], experiment="grpo-ray-sweep-temperature", **options)
@@ -268,7 +268,7 @@ def polaris() -> None:
 @one_line_errors
 def polaris_drop_easy(ledger: str, data: tuple[str, ...], output: str, threshold: float) -> None:
     """Write the training records whose average reward was not above --threshold: the next stage's data."""
-    from grpo_ray.drop_easy import drop_easy_records
+    from grpo_ray.commands.drop_easy import drop_easy_records
 
     report = drop_easy_records(ledger, data, output, threshold)
     click.echo(report.summary_line(threshold))
@@ -295,7 +295,7 @@ def runs_compare(run_ids: tuple[str, ...], experiment: str | None, tracking_uri:
     Rows: the params that differ, the last and best value of each main metric (best is the min for
     loss- and timing-like keys, the max otherwise), status and duration.
     """
-    from grpo_ray.runs_compare import (
+    from grpo_ray.commands.runs_compare import (
         DEFAULT_METRICS, PLOT_METRICS, RunsCompareError, check_plot_path, load_runs, plot_curves, table_lines,
     )
 

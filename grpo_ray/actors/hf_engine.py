@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from grpo_ray.cluster.weight_sync import bucket_storage
+from grpo_ray.transport.broadcast import bucket_storage
 from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 

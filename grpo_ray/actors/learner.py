@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from grpo_ray.algo import behaviour_is_weights, grpo_loss, mismatch_stats
-from grpo_ray.cluster.weight_sync import (
+from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     bucket_storage,
     device_identity,
@@ -305,14 +305,14 @@ class LearnerWorker:
     def save_checkpoint(self, folder: str) -> None:
         """Model, optimizer and DeepSpeed counters (every rank writes its part), and this rank's RNG.
         Collective: every rank calls it."""
-        from grpo_ray.checkpoint import save_tensors
+        from grpo_ray.train.checkpoint import save_tensors
 
         self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
         save_tensors({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, folder: str) -> None:
-        """Every rank calls it; files are read with weights_only=True (see grpo_ray.checkpoint)."""
-        from grpo_ray.checkpoint import CheckpointError, load_tensors
+        """Every rank calls it; files are read with weights_only=True (see grpo_ray.train.checkpoint)."""
+        from grpo_ray.train.checkpoint import CheckpointError, load_tensors
 
         loaded, _ = self.engine.load_checkpoint(folder, tag="deepspeed", load_module_strict=True)
         if loaded is None:
@@ -355,7 +355,7 @@ def _safe_checkpoint_engine():
     """DeepSpeed's torch checkpoint engine, loading with weights_only=True (its own load does not)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from grpo_ray.checkpoint import load_tensors
+    from grpo_ray.train.checkpoint import load_tensors
 
     class SafeCheckpointEngine(TorchCheckpointEngine):
         def load(self, path: str, map_location=None):

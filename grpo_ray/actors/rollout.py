@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.cluster.weight_sync import (
+from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     ReceiveTally,
     device_identity,

@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from grpo_ray.cluster.actors import ClusterError, error_line
+from grpo_ray.cluster.placement import ClusterError, error_line
 
 
 class WorkerRecovery:

@@ -14,7 +14,7 @@ from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import LoraShape, RolloutWorker, RolloutWorkerSettings
-from grpo_ray.cluster.actors import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
+from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
 from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_resources, syncs_lora_adapter
 
 

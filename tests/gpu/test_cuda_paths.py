@@ -67,7 +67,7 @@ def _cpu_step(model_dir, batch, advantages, lr):
 
 def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
     from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
-    from grpo_ray.cluster.weight_sync import free_port
+    from grpo_ray.transport.broadcast import free_port
 
     settings = LearnerSettings(
         model_path=tiny_model_dir, tokenizer_path=tiny_model_dir, dtype="float32", seed=0, zero_stage=0,
@@ -129,7 +129,7 @@ def test_hf_engine_generates_on_cuda(tiny_model_dir):
 
 
 def test_device_identity_names_the_gpu_and_two_ranks_on_it_fall_back_to_gloo():
-    from grpo_ray.cluster.weight_sync import choose_backend, device_identity
+    from grpo_ray.transport.broadcast import choose_backend, device_identity
 
     identity = device_identity()
     assert identity and identity == device_identity()
@@ -138,7 +138,7 @@ def test_device_identity_names_the_gpu_and_two_ranks_on_it_fall_back_to_gloo():
 
 
 def _gpu_receiver(port, specs, buckets, queue):
-    from grpo_ray.cluster.weight_sync import BroadcastGroup, ReceiveTally, choose_backend, device_identity, receive_buckets
+    from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, choose_backend, device_identity, receive_buckets
 
     backend, _ = choose_backend([queue.get(timeout=60), device_identity()])
     group = BroadcastGroup.join("127.0.0.1", port, 1, 2, backend, 60)
@@ -153,7 +153,7 @@ def test_two_processes_on_one_gpu_sync_weights_through_gloo():
     """A learner and a rollout worker sharing the one GPU: NCCL would refuse the pair."""
     import multiprocessing as mp
 
-    from grpo_ray.cluster.weight_sync import BroadcastGroup, choose_backend, device_identity, free_port, plan_buckets, send_buckets
+    from grpo_ray.transport.broadcast import BroadcastGroup, choose_backend, device_identity, free_port, plan_buckets, send_buckets
     from grpo_ray.types import WeightSpec
 
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ import pytest
 
 from grpo_ray.config import config_from_dict
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.driver import NonFiniteUpdateError, Progress, _count_skipped_update
-from grpo_ray.step_batch import BatchBuilder, RunStoppedError
+from grpo_ray.train.loop import NonFiniteUpdateError, Progress, _count_skipped_update
+from grpo_ray.train.batch import BatchBuilder, RunStoppedError
 from grpo_ray.tracking import ConsoleReporter
 from grpo_ray.types import Prompt
 
@@ -70,7 +70,7 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
 
 
 def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
-    from grpo_ray.step_batch import Generation
+    from grpo_ray.train.batch import Generation
     from grpo_ray.types import SamplingSettings
 
     b = builder()

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.cli import main
-from grpo_ray.evaluate import EvalSettings, evaluate, load_engine, metric_key, summarize
+from grpo_ray.commands.evaluate import EvalSettings, evaluate, load_engine, metric_key, summarize
 from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_ray.cluster.weight_sync import free_port
+from grpo_ray.transport.broadcast import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.driver import train
+from grpo_ray.train.loop import train
 
 from .conftest import ray_processes
 

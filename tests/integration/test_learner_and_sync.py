@@ -9,16 +9,16 @@ import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker
-from grpo_ray.cluster.actors import reserve, wait_ready
+from grpo_ray.cluster.placement import reserve, wait_ready
 from grpo_ray.cluster.roles import rollout_settings, setup_learners, start_learners, start_rollouts
-from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
+from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import RoleResources, config_from_dict, plan_batches
 from grpo_ray.data.loaders import load_rows
 from grpo_ray.data.prompts import tokenize_prompts
-from grpo_ray.batching import StepRows
-from grpo_ray.update import group_advantages
+from grpo_ray.train.rows import StepRows
+from grpo_ray.train.update import group_advantages
 from grpo_ray.models.loading import load_tokenizer
-from grpo_ray.run_setup import make_probe
+from grpo_ray.train.inputs import make_probe
 from grpo_ray.types import LearnerShard, SamplingSettings
 
 from .conftest import HAS_VLLM

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.driver import train
+from grpo_ray.train.loop import train
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 SETTINGS = ["train.steps=6", "train.checkpoint_every=3", "train.eval_every=0", "data.eval_limit=20",

@@ -4,7 +4,7 @@ import multiprocessing as mp
 
 import torch
 
-from grpo_ray.cluster.weight_sync import (
+from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     ReceiveTally,
     adjacent_view,

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from grpo_ray.cluster.actors import error_line, node_address_and_port
-from grpo_ray.cluster.weight_sync import choose_backend, spec_bytes
+from grpo_ray.cluster.placement import error_line, node_address_and_port
+from grpo_ray.transport.broadcast import choose_backend, spec_bytes
 from grpo_ray.types import Probe, SyncReport
 
 

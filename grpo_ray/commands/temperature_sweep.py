@@ -18,7 +18,7 @@ GRPO nothing). For each temperature this samples n completions per prompt and re
 
 The model is loaded once and reused for every temperature, and each temperature samples with
 the same seed, so the temperatures are compared on the same random stream. The prompts, engines
-and reward scoring are those of `grpo_ray.evaluate`. `sweep.jsonl` under --output-dir gets one
+and reward scoring are those of `grpo_ray.commands.evaluate`. `sweep.jsonl` under --output-dir gets one
 line per temperature as soon as it is done; one MLflow run holds the settings (the temperatures
 as a list param) and `sweep/<figure>` metrics at step = the temperature's index in the list.
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from grpo_ray.algo.diversity import group_diversity
 from grpo_ray.config import ConfigError
-from grpo_ray.evaluate import (
+from grpo_ray.commands.evaluate import (
     EvalSettings,
     check_inputs,
     generate,

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from grpo_ray.cli import main
 from grpo_ray.config import load_config
 from grpo_ray.data.loaders import DataError
-from grpo_ray.reward_scoring import (
+from grpo_ray.commands.rewards_score import (
     RowScorer,
     ScoringRow,
     function_names,
@@ -68,7 +68,7 @@ def files(tmp_path):
 
 
 def test_module_docstring_example_runs():
-    module = importlib.import_module("grpo_ray.reward_scoring")
+    module = importlib.import_module("grpo_ray.commands.rewards_score")
     assert doctest.testmod(module).failed == 0
 
 

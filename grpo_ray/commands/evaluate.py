@@ -39,7 +39,7 @@ from grpo_ray.config import ConfigError
 from grpo_ray.data.loaders import check_data_path, load_rows, resolve_data_path
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.models.loading import ModelLoadError, check_model_path, load_tokenizer, resolve_model_path
-from grpo_ray.reward_scoring import RowScorer, ScoringRow, row_fields_of
+from grpo_ray.commands.rewards_score import RowScorer, ScoringRow, row_fields_of
 from grpo_ray.rewards import load_reward_function
 from grpo_ray.tracking import MlflowTracker, default_tracking_uri
 from grpo_ray.types import Completion, Prompt, SamplingSettings

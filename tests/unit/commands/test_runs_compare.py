@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.cli import main
-from grpo_ray.runs_compare import (
+from grpo_ray.commands.runs_compare import (
     RunRecord,
     format_duration,
     format_grid,

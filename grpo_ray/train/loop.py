@@ -31,23 +31,23 @@ from pathlib import Path
 import numpy as np
 import ray
 
-from grpo_ray import interrupts
+from grpo_ray.train import interrupts
 from grpo_ray.algo.polaris import drop_easy
-from grpo_ray.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
-from grpo_ray.cluster.actors import ClusterError, error_line
+from grpo_ray.train.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
+from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers, start_workers
 from grpo_ray.cluster.session import ray_session
-from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
+from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, syncs_lora_adapter, total_steps
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.run_setup import RunInputs, prepare_inputs
-from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
-from grpo_ray.step_metrics import step_metrics
+from grpo_ray.train.inputs import RunInputs, prepare_inputs
+from grpo_ray.train.batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
+from grpo_ray.train.metrics import step_metrics
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
 from grpo_ray.types import SamplingSettings
-from grpo_ray.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
+from grpo_ray.train.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
 

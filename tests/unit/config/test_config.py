@@ -6,7 +6,7 @@ import pytest
 
 from grpo_ray.config import ConfigError, config_from_dict, load_config, plan_batches
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def test_tiny_recipe_loads_and_plans():

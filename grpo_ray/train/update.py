@@ -19,11 +19,11 @@ import ray
 import torch
 
 from grpo_ray.algo import compute_advantages
-from grpo_ray.batching import SliceAssembly, StepRows, assemble_slice
-from grpo_ray.cluster.actors import ClusterError, error_line
+from grpo_ray.train.rows import SliceAssembly, StepRows, assemble_slice
+from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.config import Config
-from grpo_ray.step_batch import StepBatch
+from grpo_ray.train.batch import StepBatch
 from grpo_ray.types import LearnerShard, LearnerStats
 
 

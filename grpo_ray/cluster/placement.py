@@ -120,7 +120,7 @@ def node_address_and_port(actor: Any) -> tuple[str, int]:
     def probe(_self) -> tuple[str, int]:
         import ray as ray_in_actor
 
-        from grpo_ray.cluster.weight_sync import free_port
+        from grpo_ray.transport.broadcast import free_port
 
         host = ray_in_actor.util.get_node_ip_address()
         return host, free_port(host)

@@ -13,7 +13,7 @@ from grpo_ray.config import load_config, plan_batches, plan_resources, plan_stag
 from grpo_ray.data.formats import POLARIS_INSTRUCTION
 from grpo_ray.rewards import load_reward_function
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CONFIGS = REPO / "configs"
 RECIPES = sorted(CONFIGS.glob("*.yaml"))
 POLARIS_RECIPES = [CONFIGS / "polaris.yaml", CONFIGS / "polaris-7b.yaml"]

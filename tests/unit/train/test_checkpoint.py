@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_ray.checkpoint import (
+from grpo_ray.train.checkpoint import (
     CheckpointError,
     TrainerState,
     complete_checkpoints,

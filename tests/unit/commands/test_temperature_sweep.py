@@ -10,8 +10,8 @@ from mlflow.tracking import MlflowClient
 
 from grpo_ray.cli import main
 from grpo_ray.config import ConfigError
-from grpo_ray.evaluate import EvalSettings, evaluate
-from grpo_ray.temperature_sweep import SweepReport, TemperatureResult, parse_temperatures, summarize_temperature
+from grpo_ray.commands.evaluate import EvalSettings, evaluate
+from grpo_ray.commands.temperature_sweep import SweepReport, TemperatureResult, parse_temperatures, summarize_temperature
 from grpo_ray.types import Completion
 
 

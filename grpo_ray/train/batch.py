@@ -32,7 +32,7 @@ import ray
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
-from grpo_ray.batching import KeptResponse, StepRows, read_response
+from grpo_ray.train.rows import KeptResponse, StepRows, read_response
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.config import Config, plan_batches
