@@ -23,7 +23,7 @@ import ray  # noqa: E402
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker  # noqa: E402
 from grpo_ray.actors.rollout import pack_slice  # noqa: E402
-from grpo_ray.train.batch import pool_scores  # noqa: E402
+from grpo_ray.cluster.dispatch import pool_scores  # noqa: E402
 from grpo_ray.types import Completion, Prompt  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math-eval"

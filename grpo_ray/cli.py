@@ -46,7 +46,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.data.loaders import DataError
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
-    from grpo_ray.train.batch import RunStoppedError
+    from grpo_ray.train.errors import RunStoppedError
 
     return (ConfigError, CheckpointError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError,
             RunStoppedError)
@@ -131,19 +131,10 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None) -> No
 
 def _check_against_cluster(cfg, address: str) -> list[str]:
     """Every shortfall of the plan on the cluster at `address` (what train's reserve() would refuse)."""
-    import ray
-
-    from grpo_ray.cluster.placement import ClusterError, cluster_nodes
     from grpo_ray.cluster.fit import plan_bundles, shortfalls
+    from grpo_ray.cluster.placement import nodes_at
 
-    try:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ClusterError(f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
-    try:
-        nodes = cluster_nodes()
-    finally:
-        ray.shutdown()
+    nodes = nodes_at(address)
     roles = plan_resources(cfg)
     bundles, _ = plan_bundles(roles, cfg.placement.colocate)
     totals: dict[str, float] = {}

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_ray.algo import behaviour_is_weights, grpo_loss, mismatch_stats
+from grpo_ray.algo import grpo_loss, mismatch_stats
+from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     bucket_storage,
@@ -150,77 +151,60 @@ class LearnerWorker:
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
         batch = _concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
-        # These weights are version step - 1; a row sampled with older ones is off-policy.
-        stale_rows = np.concatenate([sl.policy_versions for sl in slices]) < shard.step - 1
-        batch["stale"] = torch.from_numpy(stale_rows)
-        s = self.settings
+        stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)
+        batch["stale"] = torch.from_numpy(stale)
         self.engine.train()
-        sums: dict[str, float] = {}
-        num_micro = 0
-        tokens = 0
-        micro_batches = _micro_batches(batch["input_ids"].shape[0], s.micro_batch_size)
+        micro_batches = _micro_batches(batch["input_ids"].shape[0], self.settings.micro_batch_size)
         learner_old: dict[int, torch.Tensor] = {}  # the policy's own log-probs before this step
-        for epoch in range(s.epochs_per_batch):
+        sums: dict[str, float] = {}
+        tokens = 0
+        for epoch in range(self.settings.epochs_per_batch):
             for index, rows in enumerate(micro_batches):
-                device = self.engine.device
-                mb = {name: value.to(device) for name, value in _trim_padding({n: v[rows] for n, v in batch.items()}).items()}
-                logprobs, entropy = completion_logprobs(
-                    self.engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"], shard.temperature,
-                    with_entropy=True, entropy_grad=s.entropy_coef != 0,
-                    # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
-                    share_prompts=s.share_prompts and not s.gradient_checkpointing,
-                )
-                if epoch == 0:
-                    learner_old[index] = logprobs.detach()
-                # One pass: pi_old is the current policy (ratio 1 in value). Several passes (mu > 1):
-                # pi_old is the behaviour policy, whose log-probs the rollout engine recorded.
-                old_logprobs = learner_old[index] if s.epochs_per_batch == 1 else mb["rollout_logprobs"]
-                # Stale rows (pipelined rollout, rescued responses) are reweighted by pi_old / mu.
-                # With mu > 1 passes the ratio itself is against mu already.
-                stale = mb["stale"] if s.epochs_per_batch == 1 else torch.zeros_like(mb["stale"])
-                is_weights = behaviour_is_weights(learner_old[index], mb["rollout_logprobs"], stale, s.staleness_is_cap, s.tis_cap)
-                out = grpo_loss(
-                    logprobs=logprobs,
-                    old_logprobs=old_logprobs,
-                    advantages=mb["advantages"],
-                    mask=mb["completion_mask"] * mb["row_weights"][:, None],
-                    clip_low=s.clip_low,
-                    clip_high=s.clip_high,
-                    dual_clip=s.dual_clip,
-                    ref_logprobs=mb.get("ref_logprobs"),
-                    kl_coef=s.kl_coef,
-                    kl_estimator=s.kl_estimator,
-                    entropy=entropy,
-                    entropy_coef=s.entropy_coef,
-                    is_weights=is_weights,
-                    aggregation=s.loss_aggregation,
-                    norm_length=shard.norm_length,
-                    global_tokens=shard.global_tokens,
-                    global_sequences=float(shard.global_sequences),
-                )
-                self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
-                self.engine.step()
-                metrics = dict(out.metrics)
-                if epoch == 0:
-                    metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
-                for name, value in metrics.items():
-                    sums[name] = sums.get(name, 0.0) + float(value)
-                num_micro += 1
+                mb = {name: value.to(self.engine.device)
+                      for name, value in _trim_padding({n: v[rows] for n, v in batch.items()}).items()}
+                for name, value in self._micro_step(mb, shard, learner_old, index, first_pass=epoch == 0).items():
+                    sums[name] = sums.get(name, 0.0) + value
                 tokens += int(mb["attention_mask"].sum())
-        # mismatch/* come from the first pass only: average them over its micro-batches.
-        metrics = {
-            name: total / (len(micro_batches) if name.startswith("mismatch/") else num_micro)
-            for name, total in sums.items()
-        }
+        metrics = _averaged(sums, len(micro_batches), len(micro_batches) * self.settings.epochs_per_batch)
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
         in_loss = np.concatenate(shard.row_weights) > 0
-        metrics["update/stale_rows"] = float(stale_rows[in_loss].mean()) if in_loss.any() else 0.0
+        metrics["update/stale_rows"] = float(stale[in_loss].mean()) if in_loss.any() else 0.0
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)
         return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
+
+    def _micro_step(self, mb: dict[str, torch.Tensor], shard: LearnerShard, learner_old: dict[int, torch.Tensor],
+                    index: int, first_pass: bool) -> dict[str, float]:
+        """Forward, loss, backward and DeepSpeed's step on one micro-batch; its metrics."""
+        s = self.settings
+        logprobs, entropy = completion_logprobs(
+            self.engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"], shard.temperature,
+            with_entropy=True, entropy_grad=s.entropy_coef != 0,
+            # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
+            share_prompts=s.share_prompts and not s.gradient_checkpointing,
+        )
+        if first_pass:
+            learner_old[index] = logprobs.detach()
+        old_logprobs, is_weights = pi_old_and_weights(
+            learner_old[index], mb["rollout_logprobs"], mb["stale"], s.epochs_per_batch, s.staleness_is_cap, s.tis_cap)
+        out = grpo_loss(
+            logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb["advantages"],
+            mask=mb["completion_mask"] * mb["row_weights"][:, None],
+            clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
+            ref_logprobs=mb.get("ref_logprobs"), kl_coef=s.kl_coef, kl_estimator=s.kl_estimator,
+            entropy=entropy, entropy_coef=s.entropy_coef, is_weights=is_weights,
+            aggregation=s.loss_aggregation, norm_length=shard.norm_length,
+            global_tokens=shard.global_tokens, global_sequences=float(shard.global_sequences),
+        )
+        self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
+        self.engine.step()
+        metrics = {name: float(value) for name, value in out.metrics.items()}
+        if first_pass:
+            metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
+        return metrics
 
     @torch.no_grad()
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -305,14 +289,14 @@ class LearnerWorker:
     def save_checkpoint(self, folder: str) -> None:
         """Model, optimizer and DeepSpeed counters (every rank writes its part), and this rank's RNG.
         Collective: every rank calls it."""
-        from grpo_ray.train.checkpoint import save_tensors
+        from grpo_ray.models.tensor_files import save_tensors
 
         self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
         save_tensors({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, folder: str) -> None:
         """Every rank calls it; files are read with weights_only=True (see grpo_ray.train.checkpoint)."""
-        from grpo_ray.train.checkpoint import CheckpointError, load_tensors
+        from grpo_ray.models.tensor_files import CheckpointError, load_tensors
 
         loaded, _ = self.engine.load_checkpoint(folder, tag="deepspeed", load_module_strict=True)
         if loaded is None:
@@ -355,7 +339,7 @@ def _safe_checkpoint_engine():
     """DeepSpeed's torch checkpoint engine, loading with weights_only=True (its own load does not)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from grpo_ray.train.checkpoint import load_tensors
+    from grpo_ray.models.tensor_files import load_tensors
 
     class SafeCheckpointEngine(TorchCheckpointEngine):
         def load(self, path: str, map_location=None):
@@ -384,6 +368,12 @@ def _concat_rows(
     if refs is not None:
         batch["ref_logprobs"] = torch.from_numpy(pad_and_stack(refs, 0.0))
     return batch
+
+
+def _averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batches: int) -> dict[str, float]:
+    """Per-micro-batch means; mismatch/* come from the first pass only."""
+    return {name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
+            for name, total in sums.items()}
 
 
 def _micro_batches(num_rows: int, size: int) -> list[slice]:

@@ -1,9 +1,10 @@
 """RewardWorker: scores rows of rollout slices with the configured reward functions.
 
-With isolation "subprocess" (the default) every function runs in child processes that can be
-killed at a hard timeout and replaced after a crash (`rewards/sandbox.py`); with "none" they run
-in this process. Either way a failed score is NaN and counted per function, never a silent 0: the
-driver turns counts into metrics and stops the run when failures pass the configured rate.
+A thin shell over rewards/scorer.py's RowScorer, the scorer `grpo-ray rewards score` uses too:
+functions run in killable child processes (isolation "subprocess", the default) or in this
+process ("none"), and a failed batch call is retried row by row. A failed score is NaN and counted
+per function, never a silent 0: the driver turns counts into metrics and stops the run when
+failures pass the configured rate.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_ray.rewards import load_reward_function, score_completions
+from grpo_ray.rewards.scorer import RowScorer
 from grpo_ray.types import RolloutSlice, ScoredSlice
 
 
@@ -36,18 +37,10 @@ class RewardIsolation:
 class RewardWorker:
     def __init__(self, functions: list[RewardFunctionSetting], isolation: RewardIsolation = RewardIsolation()):
         self.functions = functions
-        self.sandbox = None
-        if isolation.mode == "subprocess":
-            from grpo_ray.rewards.sandbox import SandboxedScorer
-
-            self.sandbox = SandboxedScorer(
-                [(f.name, f.options) for f in functions],
-                num_processes=isolation.processes,
-                timeout_s=isolation.timeout_s,
-                memory_limit_mb=isolation.memory_limit_mb,
-            )
-        else:
-            self.loaded = [load_reward_function(f.name, f.options) for f in functions]
+        # The same scorer `grpo-ray rewards score` uses: a failed batch call is retried row by row.
+        self.scorer = RowScorer([(f.name, f.options) for f in functions], isolation=isolation.mode,
+                                timeout_s=isolation.timeout_s, processes=isolation.processes,
+                                memory_limit_mb=isolation.memory_limit_mb)
 
     def pid(self) -> int:
         """This process's id: a restarted worker answers with a new one."""
@@ -57,7 +50,7 @@ class RewardWorker:
         return "reward"
 
     def restarts(self) -> int:
-        return self.sandbox.restarts if self.sandbox is not None else 0
+        return self.scorer.restarts
 
     def score(self, batch: RolloutSlice, start: int = 0, stop: int | None = None) -> ScoredSlice:
         """Scores of rows [start, stop) of the slice (the pool splits a slice across its workers)."""
@@ -90,18 +83,8 @@ class RewardWorker:
         )
 
     def _raw_scores(self, rows: RolloutSlice) -> list[tuple[list[float | None], str | None]]:
-        """(scores, error) per function, in config order."""
-        args = (rows.completions, rows.prompts, rows.answers, rows.row_fields)
-        if self.sandbox is not None:
-            return [(r.scores, r.error) for r in self.sandbox.score_many(*args)]
-        results = []
-        for fn in self.loaded:
-            try:
-                results.append((score_completions(fn, *args), None))
-            except Exception as err:  # a reward function's bug must not kill the step
-                results.append(([None] * rows.num_rows, f"{type(err).__name__}: {err}".splitlines()[0]))
-        return results
+        """(scores, first error) per function, in config order."""
+        return self.scorer.score(rows.completions, rows.prompts, rows.answers, rows.row_fields)
 
     def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
+        self.scorer.close()

@@ -268,29 +268,27 @@ def grpo_loss(
         norm_length=norm_length, global_tokens=global_tokens, global_sequences=global_sequences,
     )  # fmt: skip
 
-    with torch.no_grad():
-        # Each term aggregated with this batch's own counts: with global counts a micro-batch's
-        # loss is only its share of the step's, which reads badly on a chart. The terms add up
-        # to loss/total.
-        parts = {
-            "loss/policy": policy,
-            "loss/kl": kl_term,
-            "loss/entropy": entropy_term,
-            "loss/total": total,
-        }
-        values = {
-            key: aggregate_loss(part, mask, aggregation, norm_length=norm_length)
-            for key, part in parts.items()
-        }
-        values["actor/clip_fraction"] = masked_mean(terms.clipped.to(policy.dtype), mask)
-        values["actor/ratio_mean"] = masked_mean(terms.ratio, mask)
-        if dual_clip is not None:
-            dual_clipped = terms.dual_clipped.to(policy.dtype)
-            values["actor/dual_clip_fraction"] = masked_mean(dual_clipped, mask)
-        if kl is not None:
-            values["actor/kl"] = masked_mean(kl, mask)
-        if entropy is not None:
-            values["actor/entropy"] = masked_mean(entropy, mask)
-        # One stack and one tolist: a single device-to-host copy instead of a sync per metric.
-        floats = torch.stack([v.to(policy.dtype) for v in values.values()]).tolist()
-    return GRPOLossOutput(loss, dict(zip(values, floats)))
+    parts = {"loss/policy": policy, "loss/kl": kl_term, "loss/entropy": entropy_term, "loss/total": total}
+    return GRPOLossOutput(loss, _loss_metrics(parts, terms, mask, aggregation, norm_length, dual_clip, kl, entropy))
+
+
+@torch.no_grad()
+def _loss_metrics(parts: dict[str, torch.Tensor], terms: PolicyLossTerms, mask: torch.Tensor, aggregation: str,
+                  norm_length: float | None, dual_clip: float | None, kl: torch.Tensor | None,
+                  entropy: torch.Tensor | None) -> dict[str, float]:
+    """grpo_loss's metrics. Each term is aggregated with this batch's own counts: with global counts a
+    micro-batch's loss is only its share of the step's, which reads badly on a chart. The terms add
+    up to loss/total."""
+    values = {key: aggregate_loss(part, mask, aggregation, norm_length=norm_length) for key, part in parts.items()}
+    dtype = parts["loss/policy"].dtype
+    values["actor/clip_fraction"] = masked_mean(terms.clipped.to(dtype), mask)
+    values["actor/ratio_mean"] = masked_mean(terms.ratio, mask)
+    if dual_clip is not None:
+        values["actor/dual_clip_fraction"] = masked_mean(terms.dual_clipped.to(dtype), mask)
+    if kl is not None:
+        values["actor/kl"] = masked_mean(kl, mask)
+    if entropy is not None:
+        values["actor/entropy"] = masked_mean(entropy, mask)
+    # One stack and one tolist: a single device-to-host copy instead of a sync per metric.
+    floats = torch.stack([v.to(dtype) for v in values.values()]).tolist()
+    return dict(zip(values, floats))

@@ -65,6 +65,18 @@ def cluster_nodes() -> list[NodeView]:
     return [NodeView(dict(node["Resources"]), dict(node.get("Labels") or {})) for node in ray.nodes() if node.get("Alive")]
 
 
+def nodes_at(address: str) -> list[NodeView]:
+    """The live nodes of the cluster at `address`, read by a short-lived connection."""
+    try:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise ClusterError(f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+    try:
+        return cluster_nodes()
+    finally:
+        ray.shutdown()
+
+
 def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str,
           max_restarts: int = 0) -> Any:
     """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class.

@@ -6,6 +6,7 @@ Settings dataclasses are built here from the Config, so actors never see the Con
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -47,6 +48,31 @@ class Workers:
 
         named = self.all()
         return dict(zip(named, ray.get([actor.__ray_call__.remote(node_id) for actor in named.values()])))
+
+    # -- calls every learner rank (and the reference) takes part in --------------------------------
+
+    def save_checkpoint(self, folder: Path, with_reference: bool) -> None:
+        """Each rank's DeepSpeed state under folder/learner; the reference's weights when it was refreshed."""
+        calls = [learner.save_checkpoint.remote(str(folder / "learner")) for learner in self.learners]
+        if with_reference:  # refreshed from the policy: no longer the model the recipe names
+            calls.append(self.reference.save_weights.remote(str(folder / "reference")))
+        ray.get(calls)
+
+    def load_checkpoint(self, folder: Path, with_reference: bool) -> None:
+        calls = [learner.load_checkpoint.remote(str(folder / "learner")) for learner in self.learners]
+        if with_reference:
+            calls.append(self.reference.load_saved_weights.remote(str(folder / "reference")))
+        ray.get(calls)
+
+    def save_model(self, path: Path) -> str | None:
+        """The policy as a Hugging Face folder (every rank takes part in the gather; rank 0 writes)."""
+        return ray.get([learner.save_model.remote(str(path)) for learner in self.learners])[0]
+
+    def refresh_reference(self) -> None:
+        """Copy the policy into the reference model (every rank gathers; rank 0's copy is sent)."""
+        snapshots = [learner.policy_weights.remote() for learner in self.learners]
+        ray.get(self.reference.load_weights.remote(snapshots[0]))
+        ray.get(snapshots[1:])
 
     def stop(self) -> None:
         for actor in self.all().values():

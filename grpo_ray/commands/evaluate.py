@@ -29,6 +29,8 @@ import json
 import re
 import sys
 import time
+
+import numpy as np
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,8 +41,10 @@ from grpo_ray.config import ConfigError
 from grpo_ray.data.loaders import check_data_path, load_rows, resolve_data_path
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.models.loading import ModelLoadError, check_model_path, load_tokenizer, resolve_model_path
-from grpo_ray.commands.rewards_score import RowScorer, ScoringRow, row_fields_of
+from grpo_ray.commands.rewards_score import ScoringRow, row_fields_of
+from grpo_ray.rewards.scorer import RowScorer
 from grpo_ray.rewards import load_reward_function
+from grpo_ray.rewards.accuracy import accuracy_scores, failed_count, mean_accuracy
 from grpo_ray.tracking import MlflowTracker, default_tracking_uri
 from grpo_ray.types import Completion, Prompt, SamplingSettings
 
@@ -149,15 +153,16 @@ def summarize(sources: list[str], scores: list[list[float | None]], truncated: l
     results = []
     for source in dict.fromkeys(sources):
         rows = [i for i, s in enumerate(sources) if s == source]
-        values = [[0.0 if v is None else v for v in scores[i]] for i in rows]
+        values = [accuracy_scores(scores[i]) for i in rows]  # a failed sample counts as wrong
         samples = sum(len(v) for v in values)
         results.append(
             SourceResult(
                 source=source,
                 prompts=len(rows),
-                avg_at_k=sum(sum(v) / len(v) for v in values) / len(rows),
-                pass_at_k=sum(max(v) for v in values) / len(rows),
-                failures=sum(v is None for i in rows for v in scores[i]),
+                # Every prompt has K samples, so the mean of per-prompt means is the mean over samples.
+                avg_at_k=mean_accuracy(np.concatenate(values)),
+                pass_at_k=sum(float(v.max()) for v in values) / len(rows),
+                failures=sum(failed_count(scores[i]) for i in rows),
                 truncated=sum(t for i in rows for t in truncated[i]) / samples,
             )
         )

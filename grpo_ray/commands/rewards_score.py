@@ -10,9 +10,9 @@ training). The output has one line per input row, in input order: the row's fiel
 (the weighted total, null when any function failed on the row) and each function's score under
 its name (null when it failed).
 
-Failures are isolated per row, as the reward pool counts them: every function is first called on
-the whole batch; when that call fails (it raised, timed out, crashed), the rows it left unscored
-are scored again one at a time, so one bad row fails alone instead of taking the batch with it.
+Scores come from the scorer the run's reward workers use (rewards/scorer.py), so the failures
+this command reports are the ones training will see: a failed batch call is retried row by row,
+and one bad row fails alone.
 
     >>> from grpo_ray.config import RewardConfig, RewardFunctionConfig
     >>> cfg = RewardConfig(isolation="none", functions=(RewardFunctionConfig(name="exact_match"),))
@@ -26,25 +26,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grpo_ray.config import ConfigError, RewardConfig, load_config
 from grpo_ray.data.loaders import DataError
-from grpo_ray.rewards import load_reward_function, score_completions
+from grpo_ray.rewards.scorer import RowScorer
 
 # Field names of an input row that are not passed to reward functions as row fields.
 COMPLETION_FIELD, ANSWER_FIELD, PROMPT_FIELD = "completion", "answer", "prompt"
 # Row fields that would collide with the contract's own arguments.
 _CONTRACT_ARGS = ("completions", "prompts", "answers")
-# Row-by-row rescoring of a failed batch stops after this many timeouts in a row: a function that
-# hangs on every row would otherwise cost rows x timeout_s.
-_MAX_TIMEOUTS_IN_A_ROW = 3
-
-# (scores [N], first error) of one function over a batch of N rows.
-FunctionResult = tuple[list[float | None], str | None]
 
 
 @dataclass(frozen=True)
@@ -137,83 +130,6 @@ def _parse_line(line: str, where: str) -> ScoringRow:
 
 
 # ---- scoring -----------------------------------------------------------------------------------
-
-
-class RowScorer:
-    """Reward functions named by spec, each scored over a batch with per-row failure isolation.
-
-    isolation "subprocess" runs them in a SandboxedScorer (a hard timeout per call, crash
-    isolation); "none" calls them in this process. Use as a context manager (children are killed
-    on exit).
-    """
-
-    def __init__(
-        self,
-        functions: list[tuple[str, dict]],
-        isolation: str = "subprocess",
-        timeout_s: float = 30.0,
-        processes: int = 1,
-        memory_limit_mb: int | None = None,
-    ):
-        self.sandbox = None
-        if isolation == "subprocess":
-            from grpo_ray.rewards.sandbox import SandboxedScorer
-
-            self.sandbox = SandboxedScorer(
-                functions, num_processes=processes, timeout_s=timeout_s, memory_limit_mb=memory_limit_mb
-            )
-            self._call: Callable[..., FunctionResult] = self._call_sandboxed
-        else:
-            self.loaded = [load_reward_function(spec, options) for spec, options in functions]
-            self._call = self._call_in_process
-        self.num_functions = len(functions)
-
-    def score(
-        self, completions: list[str], prompts: list[str], answers: list[str], row_fields: dict[str, list]
-    ) -> list[FunctionResult]:
-        """(scores [N], first error) of every function, in constructor order."""
-        batch = (completions, prompts, answers, row_fields)
-        return [self._score_function(index, batch) for index in range(self.num_functions)]
-
-    def _score_function(self, index: int, batch: tuple) -> FunctionResult:
-        scores, error = self._call(index, *batch)
-        if error is None:
-            return scores, None if None not in scores else "returned None (could not score)"
-        # The batch call failed: score the rows it left unscored one at a time.
-        completions, prompts, answers, row_fields = batch
-        scores = list(scores)
-        first_error, timeouts = None, 0
-        for i in [i for i, score in enumerate(scores) if score is None]:
-            if timeouts >= _MAX_TIMEOUTS_IN_A_ROW:
-                break  # leave the rest None: the batch's error stands for them
-            one = {name: values[i : i + 1] for name, values in row_fields.items()}
-            row_scores, row_error = self._call(index, completions[i : i + 1], prompts[i : i + 1], answers[i : i + 1], one)
-            scores[i] = row_scores[0]
-            timeouts = timeouts + 1 if row_error and row_error.startswith("timed out") else 0
-            if scores[i] is None and first_error is None:
-                first_error = row_error or "returned None (could not score)"
-        return scores, first_error or (error if None in scores else None)
-
-    def _call_sandboxed(self, index, completions, prompts, answers, row_fields) -> FunctionResult:
-        result = self.sandbox.score(index, completions, prompts, answers, row_fields)
-        return result.scores, result.error
-
-    def _call_in_process(self, index, completions, prompts, answers, row_fields) -> FunctionResult:
-        try:
-            return score_completions(self.loaded[index], completions, prompts, answers, row_fields), None
-        except Exception as err:  # any failure of the function fails its rows, never the command
-            lines = str(err).strip().splitlines()
-            return [None] * len(completions), f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-    def close(self) -> None:
-        if self.sandbox is not None:
-            self.sandbox.close()
-
-    def __enter__(self) -> RowScorer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def row_fields_of(rows: list[ScoringRow]) -> dict[str, list]:

@@ -6,7 +6,7 @@ enough at the start that GRPO has something to improve. This module makes one:
 * a character-level tokenizer (digits, a few symbols, lowercase letters) with ChatML special
   tokens and the role words as single tokens, so a prompt is ~14 tokens;
 * a Qwen2ForCausalLM, 128 wide and 2 layers deep, that vLLM and Hugging Face both load;
-* a short supervised pre-training on two-digit addition (:mod:`grpo_ray.data.arith`), stopped
+* a short supervised pre-training on two-digit addition (:mod:`grpo_ray.models.tiny_task`), stopped
   early on purpose so that greedy held-out accuracy starts low but above zero (21% with the
   defaults below; bit-identical weights on rebuild, one thread).
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_ray.data.arith import make_addition_split, write_jsonl
+from grpo_ray.models.tiny_task import make_addition_split, write_jsonl
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM

@@ -12,12 +12,7 @@ of that can be stopped: a Python thread cannot be killed, and math-verify's own 
 methods on other threads). A child process can be SIGKILLed at the deadline, can have its address space
 capped (``RLIMIT_AS``), and when it aborts or segfaults only the child dies.
 
-Why spawn. The scorer lives in processes that already run threads (Ray's core worker, gRPC,
-torch's intra-op pool). ``fork`` copies only the calling thread; a lock another thread held at
-that moment stays locked in the child forever, so forked children deadlock at random. ``spawn``
-starts a fresh interpreter that imports ``grpo_ray.rewards`` (pure Python, no torch) and the
-parent's main module (see Limits): 0.5 to 1 s per child, the children starting in parallel, paid in
-``__init__`` and after each replacement, never on a normal call (about 0.1 ms of overhead).
+Why spawn: see sandbox_child.py, which holds the children's side.
 
 What "failed" means. Every row gets a float or None, and None is a failure, never a 0: the
 caller counts Nones per function. A row fails when the function returned None for it (then
@@ -34,8 +29,7 @@ or killed child is replaced at once (``restarts`` counts replacements) and the r
 Children die with the parent: daemonic (normal exit), EOF on their pipe (when idle), and a watchdog
 thread polling ``os.getppid()`` (when busy).
 
-Limits: a function stuck in C code that holds the GIL
-also blocks the watchdog, so after a hard kill of the parent such a child lingers until that code
+Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard kill of the parent such a child lingers until that code
 returns; daemonic children may not start multiprocessing pools (``subprocess`` is fine); and, as
 for any spawn-based multiprocessing, each child imports the parent's main module, so a script that
 builds a scorer must do so under ``if __name__ == "__main__":`` (Ray's worker script does).
@@ -44,7 +38,6 @@ builds a scorer must do so under ``if __name__ == "__main__":`` (Ray's worker sc
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import threading
 import time
@@ -55,16 +48,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from grpo_ray.rewards.registry import (
-    RewardScores,
-    RewardSpecError,
-    _one_line,
-    load_reward_function,
-    score_completions,
-)
+from grpo_ray.rewards.registry import RewardScores, RewardSpecError
+from grpo_ray.rewards.sandbox_child import child_main
 
-# How often a busy child checks that its parent is still alive.
-_ORPHAN_POLL_S = 1.0
 # How long to wait for a killed or crashed child to be reaped before giving up on its exit code.
 _REAP_TIMEOUT_S = 5.0
 
@@ -75,60 +61,6 @@ class SandboxResult:
 
     scores: RewardScores  # [N] float, or None where the row failed
     error: str | None  # one line; None when no request failed (rows may still be None)
-
-
-# ---- the child -----------------------------------------------------------------------------------
-
-
-def _exit_when_orphaned(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(_ORPHAN_POLL_S)
-    if os.getpgrp() == os.getpid():
-        os.killpg(0, signal.SIGKILL)  # our own group: this child and whatever it started
-    os._exit(1)
-
-
-def _limit_memory(memory_limit_mb: int) -> None:
-    limit = memory_limit_mb * 1024 * 1024
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-
-def _child_main(
-    conn: Connection,
-    functions: list[tuple[str, dict]],
-    memory_limit_mb: int | None,
-    parent_pid: int,
-) -> None:
-    """Load every function, say "ready", then answer requests until the pipe closes."""
-    try:
-        os.setpgid(0, 0)  # a group of our own, so the parent can kill what the function started
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an aborting function writes no core files
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
-    if memory_limit_mb is not None:
-        _limit_memory(memory_limit_mb)
-    try:
-        loaded = [load_reward_function(spec, options) for spec, options in functions]
-    except Exception as error:  # noqa: BLE001 - reported to the constructor, which raises
-        conn.send(("error", str(error) if isinstance(error, RewardSpecError) else _one_line(error)))
-        return
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            index, completions, prompts, answers, row_fields = conn.recv()
-        except EOFError:
-            return
-        try:
-            scores = score_completions(loaded[index], completions, prompts, answers, row_fields)
-            response = ("ok", scores)
-        except Exception as error:  # noqa: BLE001 - any failure of the function fails the request
-            response = ("error", _one_line(error))
-        conn.send(response)
 
 
 # ---- the parent --------------------------------------------------------------------------------
@@ -318,7 +250,7 @@ class SandboxedScorer:
     def _spawn(self) -> _Child:
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
-            target=_child_main,
+            target=child_main,
             args=(child_conn, self._functions, self._memory_limit_mb, os.getpid()),
             daemon=True,
             name="grpo-ray-reward-sandbox",

@@ -27,30 +27,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import ray
 
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
-from grpo_ray.train.rows import KeptResponse, StepRows, read_response
+from grpo_ray.cluster.dispatch import CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_refs, score_tasks, wait_for
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
+from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
+from grpo_ray.train.errors import RewardFailureError, RunStoppedError
+from grpo_ray.train.rows import KeptResponse, StepRows, read_responses
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
-
-
-class RunStoppedError(RuntimeError):
-    """The run cannot usefully go on; the message is one line that says why and what to change."""
-
-
-class RewardFailureError(RunStoppedError):
-    """A reward function failed on too many completions; the message names it and its first error."""
-
-
-class NothingToLearnError(RunStoppedError):
-    """Too many batches in a row had no learning signal, or drop-easy left no training prompt."""
 
 
 @dataclass
@@ -177,11 +168,9 @@ class BatchBuilder:
     def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer) -> StepRows:
         """Wait for a generation's rollout and scores; appends its slice refs to `refs` (and their
         row counts to `slice_rows`), so the returned rows' sources index `refs`."""
-        workers = self.workers
         first_source = len(refs)
         with timer("rollout"):  # the part of the rollout the step waits for
-            ray.wait(rank_major(generation.per_worker), num_returns=len(workers.learners) * len(workers.rollouts),
-                     fetch_local=False)
+            wait_for(rank_major(generation.per_worker))
         rows_per_slice = generation.rows_per_slice
         with timer("reward"):
             new_refs, scored = self._score_all(generation)
@@ -207,10 +196,10 @@ class BatchBuilder:
                     if i not in scored:
                         scored[i] = collect_scores(self.cfg, slice_tasks)
                 return refs, [scored[i] for i in range(len(refs))]
-            except ray.exceptions.RayError as err:
+            except CallFailed as failed:
                 if self.recovery is None:
-                    raise
-                role, index = self.recovery.recover(err)
+                    raise failed.cause from None
+                role, index = self.recovery.recover(failed.cause)
             if role == "rollout":
                 share, offset = worker_share(generation.prompts, index, len(workers.rollouts))
                 per_worker[index] = generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
@@ -270,9 +259,9 @@ class BatchBuilder:
         calls = []
         for source, rows in by_source.items():
             scores = [(float(generated.rewards[i]), {n: float(v[i]) for n, v in generated.per_function.items()}) for i in rows]
-            calls.append((rows, read_responses.remote(refs[source], [int(generated.rows[i]) for i in rows], scores)))
+            calls.append((rows, beside_data(read_responses, refs[source], [int(generated.rows[i]) for i in rows], scores)))
         for rows, call in calls:
-            for i, response in zip(rows, ray.get(call)):
+            for i, response in zip(rows, fetch(call)):
                 # Stored as a plain dict: the buffer goes into checkpoints as JSON.
                 self.rescue.record(int(generated.prompt_uids[i]), response.__dict__)
 
@@ -323,118 +312,6 @@ class BatchBuilder:
         self.ledger.load_state_dict(state["ledger"])
         self.rescue.load_state_dict(state["rescue"])
         self.failures.load_state_dict(state["failures"])
-
-
-@ray.remote(num_cpus=0)
-def read_responses(batch, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:
-    """Cut the given rows' completions out of a slice, where the slice is (for the rescue buffer)."""
-    return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
-
-
-@ray.remote(num_cpus=0)
-def sample_rows(batch, count: int, rewards: list[float]) -> list[dict]:
-    """The first `count` rows of a slice as table rows (prompt, completion, answer, reward)."""
-    return [
-        {"prompt": batch.prompts[i], "completion": batch.completions[i], "answer": batch.answers[i],
-         "reward": rewards[i], "finish_reason": batch.finish_reasons[i]}
-        for i in range(min(count, batch.num_rows))
-    ]
-
-
-# ---------------------------------------------------------------------------------------------
-# Rollout and reward calls
-# ---------------------------------------------------------------------------------------------
-
-
-def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0) -> list[list]:
-    """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs."""
-    refs = []
-    for i, worker in enumerate(rollouts):
-        share, offset = worker_share(prompts, i, len(rollouts))
-        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices))
-    return refs
-
-
-def worker_share(prompts: list[Prompt], index: int, num_workers: int) -> tuple[list[Prompt], int]:
-    """Worker `index`'s prompts and the position of its first one."""
-    per_worker = len(prompts) // num_workers
-    return prompts[index * per_worker : (index + 1) * per_worker], index * per_worker
-
-
-def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int) -> list:
-    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices)
-    return out if num_slices > 1 else [out]
-
-
-def rank_major(per_worker: list[list]) -> list:
-    """Flatten [worker][rank] refs rank by rank: learner rank r's slices are then contiguous."""
-    return [per_worker[w][r] for r in range(len(per_worker[0])) for w in range(len(per_worker))]
-
-
-def worker_positions(worker: int, num_workers: int, num_ranks: int) -> list[int]:
-    """Where rollout worker `worker`'s slices sit in rank_major's order: rank r's is r * num_workers + worker."""
-    return [r * num_workers + worker for r in range(num_ranks)]
-
-
-def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
-    """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
-    tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
-    return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
-
-
-def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, object], object | None]:
-    """One slice's scoring calls: the reward pool's parts of its rows, and the reward model's call."""
-    model = workers.reward_model.score.remote(slice_ref) if workers.reward_model is not None else None
-    return pool_tasks(workers.rewards, slice_ref, rows), model
-
-
-def pool_bounds(rows: int, num_workers: int) -> list[tuple[int, int]]:
-    """Reward worker j's rows [start, stop) of a slice, j = 0..num_workers-1: an even split."""
-    bounds = [rows * j // num_workers for j in range(num_workers + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def pool_tasks(rewards: list, slice_ref, rows: int) -> dict[int, object]:
-    """The slice's rows split evenly across the reward workers: reward worker index -> its call,
-    for the workers that get rows."""
-    return {j: rewards[j].score.remote(slice_ref, start, stop)
-            for j, (start, stop) in enumerate(pool_bounds(rows, len(rewards))) if start < stop}
-
-
-def reissue_lost_part(rewards: list, tasks: tuple[dict[int, object], object | None], worker: int, slice_ref,
-                      rows: int) -> int:
-    """After reward worker `worker` was replaced: call it again for its part of the slice when that
-    call did not finish (every call in flight on a dead actor fails; Ray does not retry them).
-    Returns the number of calls issued again (0 or 1)."""
-    parts = tasks[0]
-    if worker not in parts or not call_lost(parts[worker]):
-        return 0
-    start, stop = pool_bounds(rows, len(rewards))[worker]
-    parts[worker] = rewards[worker].score.remote(slice_ref, start, stop)
-    return 1
-
-
-def call_lost(ref) -> bool:
-    """Whether a call's result is missing: it failed with an actor's death, or has not finished."""
-    try:
-        ray.get(ref, timeout=0)
-        return False
-    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-        return True
-    except ray.exceptions.RayError:  # the call itself failed: collecting it says how
-        return False
-
-
-def collect_scores(cfg: Config, tasks: tuple[dict[int, object], object | None]) -> ScoredSlice:
-    parts, model = tasks
-    scored = ScoredSlice.concat(ray.get(list(parts.values())))
-    return scored if model is None else scored.with_function("reward_model", ray.get(model), cfg.reward.model.weight)
-
-
-def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
-    """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
-    parts = [pool_tasks(rewards, ref, n) for ref, n in zip(slice_refs, rows)]
-    return [ScoredSlice.concat(ray.get(list(per_slice.values()))) for per_slice in parts]
 
 
 def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:

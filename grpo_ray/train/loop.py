@@ -24,59 +24,33 @@ state; a run started on an output_dir with a checkpoint continues from it, in th
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import ray
 
-from grpo_ray.train import interrupts
 from grpo_ray.algo.polaris import drop_easy
-from grpo_ray.train.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
 from grpo_ray.cluster.placement import ClusterError, error_line
-from grpo_ray.cluster.ray_metrics import StepGauges
-from grpo_ray.cluster.recovery import WorkerRecovery
-from grpo_ray.cluster.roles import Workers, start_workers
+from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
-from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
-from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, syncs_lora_adapter, total_steps
+from grpo_ray.cluster.tasks import beside_data
+from grpo_ray.cluster.weight_broadcast import WeightSyncError
+from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, total_steps
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.train.inputs import RunInputs, prepare_inputs
-from grpo_ray.train.batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
-from grpo_ray.train.metrics import step_metrics
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
-from grpo_ray.types import SamplingSettings
+from grpo_ray.train import interrupts
+from grpo_ray.train.checkpoint import read_state, recipe_hash, resume_point, set_aside
+from grpo_ray.train.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
+from grpo_ray.train.evaluation import heldout_accuracy
+from grpo_ray.train.inputs import prepare_inputs
+from grpo_ray.train.metrics import step_metrics
+from grpo_ray.train.resume import already_finished, checkpoint, restore, resume_hint
+from grpo_ray.train.rows import sample_rows
+from grpo_ray.train.run import PhaseTimer, Progress, Run, TrainResult
 from grpo_ray.train.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
+from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
-
-
-class NonFiniteUpdateError(RunStoppedError):
-    """Too many updates in a row were skipped for a NaN or infinite loss or gradient."""
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    run_id: str
-    tracking_uri: str
-    steps: int
-    eval_accuracy: dict[int, float]  # step -> held-out accuracy
-    model_dir: str | None
-    last_metrics: dict[str, float]
-
-
-class PhaseTimer:
-    """`with timer("rollout"):` adds the block's wall seconds under timing/rollout."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        started = time.perf_counter()
-        yield
-        self.seconds[f"timing/{phase}"] = self.seconds.get(f"timing/{phase}", 0.0) + time.perf_counter() - started
 
 
 def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "auto") -> TrainResult:
@@ -94,7 +68,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     state = read_state(resume_from) if resume_from else None
     tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
     if state is not None and state.finished:
-        result = _already_finished(cfg, state, resume_from, tracking_uri, console)
+        result = already_finished(cfg, state, resume_from, tracking_uri, console)
         console.close()
         return result
     tracker = MlflowTracker(
@@ -126,13 +100,13 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                 raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
                 tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
                 console.info(f"weight sync yardstick: a plain broadcast of the model's {run.sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s")
-            progress = _restore(run, resume_from, state) if state else _start(run)
+            progress = restore(run, resume_from, state) if state else _start(run)
             try:
                 return _loop(run, progress)
             except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
-                raise type(err)(f"{err}; {_resume_hint(checkpoints)}") from None
+                raise type(err)(f"{err}; {resume_hint(checkpoints)}") from None
             except ray.exceptions.RayError as err:
-                raise ClusterError(f"an actor failed: {error_line(err)}; {_resume_hint(checkpoints)}") from None
+                raise ClusterError(f"an actor failed: {error_line(err)}; {resume_hint(checkpoints)}") from None
     finally:
         console.close()
 
@@ -147,48 +121,9 @@ def _report_placement(workers, tracker: MlflowTracker, console: ConsoleReporter)
     console.info("placement: " + "; ".join(f"{', '.join(names)} on node {node[:8]}" for node, names in by_node.items()))
 
 
-@dataclass
-class Run:
-    """What every phase of a run reaches for."""
-
-    cfg: Config
-    inputs: RunInputs
-    workers: Workers
-    tracker: MlflowTracker
-    console: ConsoleReporter
-    recipe_hash: str = ""
-
-    def __post_init__(self) -> None:
-        self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
-                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
-        what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
-        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) over {self.sync.backend}: {self.sync.backend_reason}")
-        recovery = WorkerRecovery(
-            self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
-            resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
-        )
-        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery,
-                                    policy_version=lambda: self.sync.version)
-        self.output_dir = Path(self.cfg.output_dir)
-        self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
-
-
-@dataclass
-class Progress:
-    """Where the run is; a checkpoint stores it (TrainerState) and a resume starts from it."""
-
-    step: int = 0
-    stage_index: int = 0  # the stage the next step belongs to
-    accuracy: dict[int, float] = field(default_factory=dict)
-    skipped_in_a_row: int = 0
-    nonfinite_in_a_row: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    open_stage_run: str | None = None  # a resumed run goes on logging into its stage's run
-
-
 def _start(run: Run) -> Progress:
     stages = plan_stages(run.cfg)
-    accuracy = _evaluate(run, stages[0], step=0)
+    accuracy = heldout_accuracy(run, stages[0], step=0)
     run.console.info(f"step 0: held-out accuracy {accuracy:.3f}")
     return Progress(accuracy={0: accuracy})
 
@@ -216,16 +151,16 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
             if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
                 _log_samples(run, step)
             if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                progress.accuracy[step] = metrics["eval/accuracy"] = _evaluate(run, stage, step)  # logs itself
+                progress.accuracy[step] = metrics["eval/accuracy"] = heldout_accuracy(run, stage, step)  # logs itself
                 reached = cfg.train.stop_at_accuracy is not None and metrics["eval/accuracy"] >= cfg.train.stop_at_accuracy
             run.console.step(step, metrics)
             if reached:
                 break
             if cfg.reference.refresh_every and step % cfg.reference.refresh_every == 0:
-                _refresh_reference(run.workers)
+                run.workers.refresh_reference()
             # The end of a stage has its own checkpoint, after drop-easy changed the prompts.
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < stage.last_step:
-                _checkpoint(run, progress)
+                checkpoint(run, progress)
         _finish_stage(run, stage, is_last=stage is stages[-1] or reached)
         progress.stage_index += 1
         if reached:
@@ -233,13 +168,13 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
                              f"train.stop_at_accuracy {cfg.train.stop_at_accuracy:g}; the run ends here")
             break
         if stage is not stages[-1]:
-            _checkpoint(run, progress)
+            checkpoint(run, progress)
 
     step = progress.step
     run.ray_metrics.flush()  # the last steps' values, held back between its hand-overs (every 5 s)
-    model_dir = _save_model(run.workers, run.output_dir / "model")
+    model_dir = run.workers.save_model(run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
-    _checkpoint(run, progress, finished=True)
+    checkpoint(run, progress, finished=True)
     run.console.info(f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}")
     return TrainResult(run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics)
 
@@ -268,68 +203,6 @@ def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReport
             f"the update was skipped {limit} steps in a row for a NaN or infinite loss or gradient (train.max_nonfinite_updates); "
             f"lower learner.lr or check the rewards, and resume from the last checkpoint"
         )
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints: written every train.checkpoint_every steps and at the end of each stage
-# ---------------------------------------------------------------------------------------------
-
-
-def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
-    run.tracker.flush()  # the metrics up to this step are in the store before the checkpoint says so
-    workers = run.workers
-    reference_saved = workers.reference is not None and run.cfg.reference.refresh_every > 0
-    state = TrainerState(
-        step=progress.step, stage_index=progress.stage_index, run_id=run.tracker.run_id,
-        stage_run_id=run.tracker.stage_run_id, recipe_hash=run.recipe_hash, builder=run.builder.state_dict(),
-        accuracy={str(step): value for step, value in progress.accuracy.items()},
-        skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
-        last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
-    )
-
-    def write_parts(folder: Path) -> None:
-        calls = [learner.save_checkpoint.remote(str(folder / "learner")) for learner in workers.learners]
-        if reference_saved:  # refreshed from the policy: no longer the model the recipe names
-            calls.append(workers.reference.save_weights.remote(str(folder / "reference")))
-        ray.get(calls)
-
-    started = time.perf_counter()
-    path = write_checkpoint(run.output_dir / "checkpoints", state, write_parts, run.cfg.train.keep_checkpoints)
-    run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
-    run.console.info(f"step {progress.step}: checkpoint {path}")
-
-
-def _restore(run: Run, folder: Path, state: TrainerState) -> Progress:
-    """Load the checkpoint into the fresh actors; the rollout engines get its weights by a sync."""
-    workers = run.workers
-    calls = [learner.load_checkpoint.remote(str(folder / "learner")) for learner in workers.learners]
-    if state.reference_saved:
-        calls.append(workers.reference.load_saved_weights.remote(str(folder / "reference")))
-    ray.get(calls)
-    run.builder.load_state_dict(state.builder, run.inputs.train_prompts)
-    run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
-    return Progress(
-        step=state.step, stage_index=state.stage_index,
-        accuracy={int(step): value for step, value in state.accuracy.items()},
-        skipped_in_a_row=state.skipped_in_a_row, nonfinite_in_a_row=state.nonfinite_in_a_row,
-        metrics=dict(state.last_metrics), open_stage_run=state.stage_run_id,
-    )
-
-
-def _already_finished(cfg: Config, state: TrainerState, folder: Path, tracking_uri: str, console) -> TrainResult:
-    model_dir = Path(cfg.output_dir) / "model"
-    console.info(f"{cfg.output_dir} holds a run that finished at step {state.step} ({folder}); nothing to train. "
-                 "Set output_dir to a new folder, or pass --no-resume to train again from the start")
-    accuracy = {int(step): value for step, value in state.accuracy.items()}
-    return TrainResult(state.run_id, tracking_uri, state.step, accuracy,
-                       str(model_dir) if model_dir.is_dir() else None, dict(state.last_metrics))
-
-
-def _resume_hint(checkpoints: Path) -> str:
-    latest = latest_checkpoint(checkpoints)
-    if latest is None:
-        return "no checkpoint was written yet (train.checkpoint_every), so a new run starts from the beginning"
-    return f"run the same command again to resume from {latest}"
 
 
 def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | None:
@@ -381,7 +254,7 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     builder.ledger.save(folder / "ledger.jsonl")
     run.tracker.log_stage_artifact(folder / "ledger.jsonl")
-    model_dir = _save_model(run.workers, folder / "model")
+    model_dir = run.workers.save_model(folder / "model")
     run.tracker.set_stage_tag("grpo_ray.model_dir", model_dir or "")
     threshold = cfg.polaris.drop_easy_threshold
     if threshold is not None and not is_last:
@@ -405,7 +278,7 @@ def _log_samples(run: Run, step: int) -> None:
     batch = run.builder.last_batch
     first = batch.generated.sources == 0
     rewards = [float(r) for r in batch.generated.rewards[first]]
-    rows = ray.get(sample_rows.remote(batch.refs[0], run.cfg.tracking.samples_per_table, rewards))
+    rows = ray.get(beside_data(sample_rows, batch.refs[0], run.cfg.tracking.samples_per_table, rewards))
     run.tracker.log_table([{"step": step, **row} for row in rows], f"samples/step_{step:06d}.json")
 
 
@@ -418,37 +291,6 @@ def _skip_message(cfg: Config, count: int) -> str:
     return why + "; the data is too easy or too hard for this model: filter it (data.difficulty_band) or raise train.max_skipped_batches"
 
 
-def _refresh_reference(workers: Workers) -> None:
-    """Copy the policy into the reference model (every rank gathers; rank 0's copy is sent)."""
-    snapshots = [learner.policy_weights.remote() for learner in workers.learners]
-    ray.get(workers.reference.load_weights.remote(snapshots[0]))
-    ray.get(snapshots[1:])
 
 
-def _evaluate(run: Run, stage: StagePlan, step: int) -> float:
-    """Held-out accuracy (avg@k): the mean score of the first reward function over all samples."""
-    cfg, workers, prompts = run.cfg, run.workers, run.inputs.eval_prompts
-    if not prompts:
-        return float("nan")
-    sampling = SamplingSettings(
-        samples_per_prompt=cfg.train.eval_samples, max_new_tokens=stage.max_new_tokens,
-        temperature=stage.eval_temperature, top_p=stage.top_p, seed=cfg.seed + step,
-    )
-    # Uneven shares are fine here: evaluation slices do not go to the learners.
-    shares = np.array_split(np.arange(len(prompts)), len(workers.rollouts))
-    shares = [share for share in shares if len(share)]
-    refs = [
-        worker.generate.remote([prompts[i] for i in share], int(share[0]), sampling, 1)
-        for worker, share in zip(workers.rollouts, shares)
-    ]
-    scored = score_slices(workers, cfg, refs, [len(share) * cfg.train.eval_samples for share in shares])
-    first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
-    scores = np.concatenate([s.per_function[first] for s in scored])
-    accuracy = float(np.nanmean(scores)) if np.isfinite(scores).any() else 0.0
-    run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored])))})
-    return accuracy
 
-
-def _save_model(workers: Workers, path: Path) -> str | None:
-    saved = ray.get([learner.save_model.remote(str(path)) for learner in workers.learners])
-    return saved[0]

@@ -245,3 +245,23 @@ class StepRows:
                 )
             )
         return plans
+
+
+def read_responses(batch: RolloutSlice, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:
+    """Cut the given rows' completions out of a slice (run beside the slice, for the rescue buffer)."""
+    return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
+
+
+def sample_rows(batch: RolloutSlice, count: int, rewards: list[float]) -> list[dict]:
+    """The first `count` rows of a slice as table rows (prompt, completion, answer, reward)."""
+    return [
+        {"prompt": batch.prompts[i], "completion": batch.completions[i], "answer": batch.answers[i],
+         "reward": rewards[i], "finish_reason": batch.finish_reasons[i]}
+        for i in range(min(count, batch.num_rows))
+    ]
+
+
+def assemble_slices(plan: SliceAssembly, pad_id: int, *slices: RolloutSlice) -> RolloutSlice:
+    """assemble_slice with the slices as separate arguments (a task receives refs resolved only so)."""
+    return assemble_slice(plan, list(slices), pad_id)
+

@@ -15,21 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import ray
 import torch
 
 from grpo_ray.algo import compute_advantages
-from grpo_ray.train.rows import SliceAssembly, StepRows, assemble_slice
+from grpo_ray.cluster.dispatch import CallFailed, fetch, gather_fail_fast
 from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.config import Config
 from grpo_ray.train.batch import StepBatch
+from grpo_ray.train.rows import StepRows, assemble_slices
 from grpo_ray.types import LearnerShard, LearnerStats
-
-
-@ray.remote(num_cpus=0)
-def assemble(plan: SliceAssembly, pad_id: int, *slices):
-    return assemble_slice(plan, list(slices), pad_id)
 
 
 def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[list[list], list[list[int]]]:
@@ -41,7 +37,7 @@ def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[lis
             payloads.append([batch.refs[s] for s in whole])
             sizes.append([batch.slice_rows[s] for s in whole])
         else:
-            payloads.append([assemble.remote(plan, pad_id, *[batch.refs[s] for s in plan.sources_used])])
+            payloads.append([beside_data(assemble_slices, plan, pad_id, *[batch.refs[s] for s in plan.sources_used])])
             sizes.append([len(plan.rows)])
     return payloads, sizes
 
@@ -50,7 +46,7 @@ def kl_reward_penalty(cfg: Config, workers: Workers, payloads: list[list], train
     """Rewards minus kl_coef x the completion's KL to the reference (rows out of the loss untouched);
     also the mean KL of the rows in the loss."""
     calls = [workers.reference.sequence_kl.remote(ref, temperature, cfg.algorithm.kl_estimator) for refs in payloads for ref in refs]
-    kl = np.concatenate(ray.get(calls))
+    kl = np.concatenate(fetch(calls))
     in_loss = train.row_weights > 0
     rewards = np.where(in_loss, train.rewards - cfg.algorithm.kl_coef * kl, train.rewards)
     return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
@@ -103,11 +99,6 @@ def run_update(
     if while_running is not None:
         while_running()
     try:
-        # The first failure ends the wait: a dead rank leaves the others blocked in a collective.
-        pending = list(calls)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            ray.get(done)
-        return ray.get(calls)
-    except ray.exceptions.RayError as err:
-        raise ClusterError(f"learner update failed at step {step}: {error_line(err)}") from None
+        return gather_fail_fast(calls)
+    except CallFailed as failed:
+        raise ClusterError(f"learner update failed at step {step}: {error_line(failed.cause)}") from None

@@ -11,8 +11,10 @@ import pytest
 
 from grpo_ray.config import config_from_dict
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.train.loop import NonFiniteUpdateError, Progress, _count_skipped_update
-from grpo_ray.train.batch import BatchBuilder, RunStoppedError
+from grpo_ray.train.errors import NonFiniteUpdateError, RunStoppedError
+from grpo_ray.train.loop import _count_skipped_update
+from grpo_ray.train.run import Progress
+from grpo_ray.train.batch import BatchBuilder
 from grpo_ray.tracking import ConsoleReporter
 from grpo_ray.types import Prompt
 

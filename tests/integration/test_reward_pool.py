@@ -5,7 +5,8 @@ import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import pack_slice
-from grpo_ray.train.batch import failure_counts, pool_scores
+from grpo_ray.cluster.dispatch import pool_scores
+from grpo_ray.train.batch import failure_counts
 from grpo_ray.types import Completion, Prompt
 
 USER_REWARDS = '''

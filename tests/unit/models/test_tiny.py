@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_ray.data.arith import addition_problem, make_addition_split, read_jsonl
+from grpo_ray.models.tiny_task import addition_problem, make_addition_split, read_jsonl
 from grpo_ray.models import tiny
 
 CHAT_PROMPT = "<|im_start|>user\n37+45=<|im_end|>\n<|im_start|>assistant\n"

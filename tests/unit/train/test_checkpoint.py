@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_ray.models.tensor_files import load_tensors, save_tensors
 from grpo_ray.train.checkpoint import (
     CheckpointError,
     TrainerState,
     complete_checkpoints,
     latest_checkpoint,
-    load_tensors,
     read_state,
-    save_tensors,
     recipe_hash,
     resume_point,
     set_aside,

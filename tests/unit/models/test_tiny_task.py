@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_ray.data.arith import (
+from grpo_ray.models.tiny_task import (
     HELDOUT_SIZE,
     addition_problem,
     make_addition_split,

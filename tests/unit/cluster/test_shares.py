@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_ray.train.batch import pool_bounds, rank_major, worker_positions, worker_share
+from grpo_ray.cluster.shares import pool_bounds, rank_major, worker_positions, worker_share
 from grpo_ray.types import Prompt
 
 

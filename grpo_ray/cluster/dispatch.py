@@ -1,0 +1,147 @@
+"""Calls to the rollout and reward actors, and the waits on them.
+
+A step's prompts are split evenly across the rollout workers, each returning one RolloutSlice ref
+per learner rank; each slice's rows are split evenly across the reward workers. A worker that died
+is found from the error of the call that waited on it (`CallFailed` carries it to the batch
+builder, which decides what to issue again); cluster/recovery.py brings it back.
+"""
+
+from __future__ import annotations
+
+import ray
+
+from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.shares import pool_bounds, worker_share
+from grpo_ray.config import Config
+from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
+
+
+class CallFailed(RuntimeError):
+    """A rollout or reward call failed; `cause` is Ray's error (WorkerRecovery reads which actor)."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def wait_for(refs: list) -> None:
+    """Until every ref is ready, without pulling the data here (the driver only forwards slices)."""
+    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+
+
+def fetch(ref):
+    return ray.get(ref)
+
+
+
+
+def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0) -> list[list]:
+    """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs."""
+    refs = []
+    for i, worker in enumerate(rollouts):
+        share, offset = worker_share(prompts, i, len(rollouts))
+        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices))
+    return refs
+
+
+
+
+def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int) -> list:
+    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices)
+    return out if num_slices > 1 else [out]
+
+
+
+
+
+
+def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
+    tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
+    try:
+        return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
+    except CallFailed as failed:  # no recovery here (evaluation): the run loop reports Ray's error
+        raise failed.cause from None
+
+
+def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, object], object | None]:
+    """One slice's scoring calls: the reward pool's parts of its rows, and the reward model's call."""
+    model = workers.reward_model.score.remote(slice_ref) if workers.reward_model is not None else None
+    return pool_tasks(workers.rewards, slice_ref, rows), model
+
+
+
+
+def pool_tasks(rewards: list, slice_ref, rows: int) -> dict[int, object]:
+    """The slice's rows split evenly across the reward workers: reward worker index -> its call,
+    for the workers that get rows."""
+    return {j: rewards[j].score.remote(slice_ref, start, stop)
+            for j, (start, stop) in enumerate(pool_bounds(rows, len(rewards))) if start < stop}
+
+
+def reissue_lost_part(rewards: list, tasks: tuple[dict[int, object], object | None], worker: int, slice_ref,
+                      rows: int) -> int:
+    """After reward worker `worker` was replaced: call it again for its part of the slice when that
+    call did not finish (every call in flight on a dead actor fails; Ray does not retry them).
+    Returns the number of calls issued again (0 or 1)."""
+    parts = tasks[0]
+    if worker not in parts or not call_lost(parts[worker]):
+        return 0
+    start, stop = pool_bounds(rows, len(rewards))[worker]
+    parts[worker] = rewards[worker].score.remote(slice_ref, start, stop)
+    return 1
+
+
+def call_lost(ref) -> bool:
+    """Whether a call's result is missing: it failed with an actor's death, or has not finished."""
+    try:
+        ray.get(ref, timeout=0)
+        return False
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return True
+    except ray.exceptions.RayError:  # the call itself failed: collecting it says how
+        return False
+
+
+def collect_scores(cfg: Config, tasks: tuple[dict[int, object], object | None]) -> ScoredSlice:
+    """The slice's scores, its parts concatenated; CallFailed when a call failed (a worker died)."""
+    parts, model = tasks
+    try:
+        scored = ScoredSlice.concat(ray.get(list(parts.values())))
+        return scored if model is None else scored.with_function("reward_model", ray.get(model), cfg.reward.model.weight)
+    except ray.exceptions.RayError as err:
+        raise CallFailed(err) from err
+
+
+def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
+    parts = [pool_tasks(rewards, ref, n) for ref, n in zip(slice_refs, rows)]
+    return [ScoredSlice.concat(ray.get(list(per_slice.values()))) for per_slice in parts]
+
+
+def gather_fail_fast(calls: list) -> list:
+    """Every call's result; the first failure ends the wait (CallFailed), since a dead learner rank
+    leaves the others blocked in a collective that would never return."""
+    pending = list(calls)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done)
+        return ray.get(calls)
+    except ray.exceptions.RayError as err:
+        raise CallFailed(err) from err
+
+
+def evaluation_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings) -> tuple[list, list[int]]:
+    """Held-out prompts split across the rollout workers, one slice each: (refs, rows of each).
+    Uneven shares are fine here: evaluation slices do not go to the learners."""
+    # np.array_split's shares: the first len % workers get one prompt more; empty shares are skipped.
+    n, k = len(prompts), len(rollouts)
+    sizes = [n // k + (i < n % k) for i in range(k)]
+    refs, rows, start = [], [], 0
+    for worker, size in zip(rollouts, sizes):
+        if size:
+            refs.append(worker.generate.remote(prompts[start : start + size], start, sampling, 1))
+            rows.append(size * sampling.samples_per_prompt)
+        start += size
+    return refs, rows

@@ -1,0 +1,80 @@
+"""What every phase of a run reaches for (Run), where the run is (Progress), what it returns."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_ray.cluster.ray_metrics import StepGauges
+from grpo_ray.cluster.recovery import WorkerRecovery
+from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
+from grpo_ray.config import Config, syncs_lora_adapter
+from grpo_ray.data.prompts import PromptStream
+from grpo_ray.tracking import ConsoleReporter, MlflowTracker
+from grpo_ray.train.batch import BatchBuilder
+from grpo_ray.train.inputs import RunInputs
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_id: str
+    tracking_uri: str
+    steps: int
+    eval_accuracy: dict[int, float]  # step -> held-out accuracy
+    model_dir: str | None
+    last_metrics: dict[str, float]
+
+
+class PhaseTimer:
+    """`with timer("rollout"):` adds the block's wall seconds under timing/rollout."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str):
+        started = time.perf_counter()
+        yield
+        self.seconds[f"timing/{phase}"] = self.seconds.get(f"timing/{phase}", 0.0) + time.perf_counter() - started
+
+
+@dataclass
+class Run:
+    """What every phase of a run reaches for."""
+
+    cfg: Config
+    inputs: RunInputs
+    workers: Workers
+    tracker: MlflowTracker
+    console: ConsoleReporter
+    recipe_hash: str = ""
+
+    def __post_init__(self) -> None:
+        self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
+                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
+        what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
+        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) over {self.sync.backend}: {self.sync.backend_reason}")
+        recovery = WorkerRecovery(
+            self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
+            resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
+        )
+        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery,
+                                    policy_version=lambda: self.sync.version)
+        self.output_dir = Path(self.cfg.output_dir)
+        self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
+
+
+@dataclass
+class Progress:
+    """Where the run is; a checkpoint stores it (TrainerState) and a resume starts from it."""
+
+    step: int = 0
+    stage_index: int = 0  # the stage the next step belongs to
+    accuracy: dict[int, float] = field(default_factory=dict)
+    skipped_in_a_row: int = 0
+    nonfinite_in_a_row: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    open_stage_run: str | None = None  # a resumed run goes on logging into its stage's run

@@ -1,0 +1,139 @@
+"""The layout's rules, read from the source (no imports run): who may import Ray, DeepSpeed and vLLM,
+no import cycles between packages, and modules and functions a reader can take in.
+
+    algo, rewards, types, config: neither ray, deepspeed nor vllm (pure, tested on hand-worked data)
+    actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
+    ray: only in cluster/ and the run loop (train/loop.py)
+    packages: no cycle in the graph of grpo_ray's subpackages
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "grpo_ray"
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+PURE = ("algo", "rewards", "types", "config")
+RAY_ALLOWED = ("cluster", "train.loop")
+
+
+def modules() -> dict[str, Path]:
+    """'train.loop' -> its path, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name or "__init__"] = path
+    return found
+
+
+def imported(path: Path) -> set[str]:
+    """Every module name imported anywhere in the file (function-level imports included)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def third_party(names: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in names} & {"ray", "deepspeed", "vllm"}
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+MODULES = modules()
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if within(m, PURE)])
+def test_pure_code_imports_no_ray_deepspeed_or_vllm(module):
+    assert not third_party(imported(MODULES[module])), f"grpo_ray.{module} must stay pure"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if within(m, ("actors",))])
+def test_actors_never_import_deepspeed_and_vllm_together_nor_ray(module):
+    heavy = third_party(imported(MODULES[module]))
+    assert heavy != {"deepspeed", "vllm"} and not heavy >= {"deepspeed", "vllm"}, module
+    assert "ray" not in heavy, f"grpo_ray.{module}: actors are plain classes; cluster/ makes them actors"
+
+
+def test_ray_only_in_cluster_and_the_run_loop():
+    offenders = [m for m, path in MODULES.items() if "ray" in third_party(imported(path)) and not within(m, RAY_ALLOWED)]
+    assert offenders == [], f"these import ray outside cluster/ and train/loop.py: {offenders}"
+
+
+def package_of(module: str) -> str:
+    return module.split(".")[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Subpackage (or top-level module) -> the others it imports."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        source = package_of(module)
+        targets = {package_of(n[len("grpo_ray."):]) for n in imported(path) if n.startswith("grpo_ray.")}
+        targets &= {package_of(m) for m in MODULES}
+        graph.setdefault(source, set()).update(targets - {source})
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_cycles_between_packages():
+    cycle = find_cycle(package_graph())
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
+def test_modules_are_short_enough_to_read():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def docstring_lines(node: ast.AST) -> int:
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return first.end_lineno - first.lineno + 1
+    return 0
+
+
+def test_functions_are_short_enough_to_read():
+    long = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1 - docstring_lines(node)
+                if lines > MAX_FUNCTION_LINES:
+                    long[f"{module}.{node.name}"] = lines
+    assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
