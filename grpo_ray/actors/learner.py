@@ -271,7 +271,13 @@ class LearnerWorker:
                 for _ in bucket_tensors():
                     pass
                 return None
-            checksum, num_bytes = send_buckets(self._sync_group, bucket_tensors(), specs, buckets)
+            try:
+                checksum, num_bytes = send_buckets(self._sync_group, bucket_tensors(), specs, buckets)
+            except Exception:
+                # A receiver died mid-sync. Dropping this end closes its sockets, so the other receivers
+                # fail now rather than at the timeout, and can join the group the driver forms next.
+                self._sync_group = None
+                raise
         return SyncReport(
             who="learner", version=version, checksum=checksum, num_bytes=num_bytes,
             seconds=time.perf_counter() - started,

@@ -95,13 +95,18 @@ class RolloutWorker:
     # -- generation ------------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int
+        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int,
+        expected_version: int | None = None,
     ) -> tuple[RolloutSlice, ...] | RolloutSlice:
         """Completions for `prompts`, cut into `num_slices` equal slices (one per learner rank).
 
         Group ids are `group_offset + k` for the k-th prompt, so ids are unique across workers.
         Returns a bare slice when num_slices == 1 (Ray's num_returns=1 wants one value).
+        expected_version: the weights the driver believes this worker holds; a worker Ray restarted
+        while idle holds the initial ones and must not sample with them (StaleWeightsError).
         """
+        if expected_version is not None and expected_version != self.policy_version:
+            raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         groups = self.engine.generate([p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
@@ -145,15 +150,30 @@ class RolloutWorker:
         assert self._group is not None, "join_weight_sync first"
         started = time.perf_counter()
         tally = ReceiveTally()
-        if self._in_place is not None:
-            receive_into(self._group, self._in_place, tally)
-        else:
-            self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))
+        try:
+            if self._in_place is not None:
+                receive_into(self._group, self._in_place, tally)
+            else:
+                self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))
+        except Exception:
+            self._group = None  # broken (the sender or a peer died): the driver forms a new one
+            raise
         self.policy_version = version
         return SyncReport(
             who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,
             seconds=time.perf_counter() - started,
         )
+
+
+class StaleWeightsError(RuntimeError):
+    """A rollout worker was asked to sample with weights it does not hold (it was restarted)."""
+
+    def __init__(self, index: int, held: int, expected: int):
+        super().__init__(f"rollout-{index} holds weights version {held}, the run is at {expected}; it was restarted")
+        self.index, self.held, self.expected = index, held, expected
+
+    def __reduce__(self):  # Ray pickles it to the driver with its fields
+        return (StaleWeightsError, (self.index, self.held, self.expected))
 
 
 def pack_slice(

@@ -33,43 +33,33 @@ def fetch(ref):
     return ray.get(ref)
 
 
-
-
-def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0) -> list[list]:
-    """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs."""
+def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0,
+                 version: int | None = None) -> list[list]:
+    """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs. `version`: the
+    weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError)."""
     refs = []
     for i, worker in enumerate(rollouts):
         share, offset = worker_share(prompts, i, len(rollouts))
-        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices))
+        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices, version))
     return refs
 
 
-
-
-def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int) -> list:
-    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices)
+def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int,
+                  version: int | None = None) -> list:
+    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices, version)
     return out if num_slices > 1 else [out]
-
-
-
-
 
 
 def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
     tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
-    try:
-        return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
-    except CallFailed as failed:  # no recovery here (evaluation): the run loop reports Ray's error
-        raise failed.cause from None
+    return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
 
 
 def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, object], object | None]:
     """One slice's scoring calls: the reward pool's parts of its rows, and the reward model's call."""
     model = workers.reward_model.score.remote(slice_ref) if workers.reward_model is not None else None
     return pool_tasks(workers.rewards, slice_ref, rows), model
-
-
 
 
 def pool_tasks(rewards: list, slice_ref, rows: int) -> dict[int, object]:
@@ -132,7 +122,7 @@ def gather_fail_fast(calls: list) -> list:
         raise CallFailed(err) from err
 
 
-def evaluation_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings) -> tuple[list, list[int]]:
+def evaluation_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int) -> tuple[list, list[int]]:
     """Held-out prompts split across the rollout workers, one slice each: (refs, rows of each).
     Uneven shares are fine here: evaluation slices do not go to the learners."""
     # np.array_split's shares: the first len % workers get one prompt more; empty shares are skipped.
@@ -141,7 +131,7 @@ def evaluation_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSet
     refs, rows, start = [], [], 0
     for worker, size in zip(rollouts, sizes):
         if size:
-            refs.append(worker.generate.remote(prompts[start : start + size], start, sampling, 1))
+            refs.append(worker.generate.remote(prompts[start : start + size], start, sampling, 1, version))
             rows.append(size * sampling.samples_per_prompt)
         start += size
     return refs, rows

@@ -4,7 +4,7 @@ Ray restarts a dead rollout or reward actor in its own placement-group bundle (t
 with `max_restarts = ray.max_actor_restarts` and no task retries: a retried `generate` would run
 on a fresh engine holding the initial weights). This module tells which worker died from the
 error, waits until Ray has it back, and brings a rollout worker to the current weights; what to
-re-issue is the batch builder's call (step_batch.py), since only it knows who held what.
+re-issue is the batch builder's call (train/batch.py), since only it knows who held what.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 
+from grpo_ray.actors.rollout import StaleWeightsError
 from grpo_ray.cluster.placement import ClusterError, error_line
 
 
@@ -39,9 +40,15 @@ class WorkerRecovery:
 
     def recover(self, err: BaseException) -> tuple[str, int]:
         """(role, index) of the worker whose death `err` reports, once it is back and, for a rollout
-        worker, holds the current weights. Re-raises `err` when it is not a worker's death."""
+        worker, holds the current weights. Re-raises `err` when it is not a worker's death.
+
+        A death shows as the actor's error when a call was in flight, or, for a rollout worker Ray
+        restarted while it was idle, as StaleWeightsError from its next generate call."""
         who = self._who.get(getattr(err, "actor_id", None) or "")
-        if who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+        stale = _stale_weights(err)
+        if stale is not None:
+            who = ("rollout", stale.index)
+        elif who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
             raise err
         role, index = who
         name, old_pid = f"{role}-{index}", self._pids[who]
@@ -67,6 +74,32 @@ class WorkerRecovery:
                  + ("; it was given the current weights" if role == "rollout" else ""))
         return role, index
 
+    def replace_dead_rollouts(self) -> int:
+        """After a call every rollout worker took part in failed (a weight sync): wait until Ray has
+        each one back; those whose process changed are counted and logged, and all get one new
+        broadcast group and the current weights. Returns how many were replaced (0: the failure was
+        not a death, and the caller's error stands)."""
+        started = time.monotonic()
+        replaced = []
+        for index, actor in enumerate(self._actors["rollout"]):
+            who, name = ("rollout", index), f"rollout-{index}"
+            pid = self._wait_until_back(actor, name)
+            if pid != self._pids[who]:
+                if self._restarts[who] >= self.max_restarts:
+                    raise ClusterError(f"{name} died after {self._restarts[who]} restarts, the most "
+                                       f"ray.max_actor_restarts={self.max_restarts} allows") from None
+                replaced.append(f"{name} (process {self._pids[who]} -> {pid})")
+                self._restarts[who] += 1
+                self._pids[who] = pid
+                self.replaced["rollout"] += 1
+        if replaced:
+            self._resync()
+            seconds = time.monotonic() - started
+            self.seconds += seconds
+            self.log(f"{', '.join(replaced)} died and {'was' if len(replaced) == 1 else 'were'} replaced in {seconds:.1f} s; "
+                     "the weights were sent again")
+        return len(replaced)
+
     def _wait_until_back(self, actor: Any, name: str) -> int:
         """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran."""
         deadline = time.monotonic() + self.timeout_s
@@ -79,3 +112,12 @@ class WorkerRecovery:
                 time.sleep(0.5)
             except ray.exceptions.RayActorError as err:  # restarts spent or its constructor failed
                 raise ClusterError(f"{name} died and could not be restarted: {error_line(err)}") from None
+
+
+def _stale_weights(err: BaseException) -> StaleWeightsError | None:
+    """The StaleWeightsError behind a Ray task error (Ray makes the error an instance of its cause)."""
+    for candidate in (err, getattr(err, "cause", None)):
+        if isinstance(candidate, StaleWeightsError):
+            return candidate
+    return None
+

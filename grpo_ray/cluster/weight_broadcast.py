@@ -40,6 +40,8 @@ class WeightBroadcaster:
         self.form_group()
         self.syncs = 0
         self.version = 0  # the weights version the rollout workers hold
+        self.target = 0  # the version the last sync was asked for: a re-send after a failure sends it
+        self.last: SyncResult | None = None
 
     def form_group(self) -> None:
         """Learner rank 0 and every rollout worker join a new group (on a fresh port): at the start,
@@ -62,11 +64,13 @@ class WeightBroadcaster:
         )
 
     def resend(self, probe: Probe | None, probe_tolerance: float) -> SyncResult:
-        """A new group and the current weights again (for a replaced rollout worker), proven as every sync."""
+        """A new group and the learners' weights again (for a replaced rollout worker), proven as every
+        sync; labelled with the version of the last sync asked for, which a failed one did not reach."""
         self.form_group()
-        return self.sync(self.version, probe, probe_tolerance)
+        return self.sync(self.target, probe, probe_tolerance)
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
+        self.target = version
         sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only) for learner in self.learners]
         receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
         try:
@@ -87,7 +91,8 @@ class WeightBroadcaster:
         self.version = version
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
-        return SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+        return self.last
 
     @property
     def num_bytes(self) -> int:

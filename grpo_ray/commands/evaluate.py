@@ -6,8 +6,8 @@
 Each file is read through the dataset loaders (verl parquet, jsonl, hub ids, tiny:heldout...),
 every prompt gets the chat template, K = --n completions are sampled per prompt with the rollout
 engine (transformers or vLLM) and scored with one reward function (default `math`) in a
-killable subprocess (`reward_scoring.RowScorer`). Per data source (the row's `data_source`
-field, else the file's stem):
+killable subprocess, by the scorer the run uses (`rewards/scorer.py`). Per data source (the row's
+`data_source` field, else the file's stem):
 
     avg@k   mean over prompts of the mean score of its K samples;
     pass@k  mean over prompts of the best score of its K samples (for 0/1 rewards such as math

@@ -249,3 +249,9 @@ def prefetch_room(cfg: Config, stage: StagePlan, step: int, pending: int) -> int
     if cfg.train.checkpoint_every:
         boundary = min(boundary, -(-step // cfg.train.checkpoint_every) * cfg.train.checkpoint_every)
     return max(0, min(horizon, boundary) - step - pending)
+
+
+def time_checkpoint_due(minutes: float, seconds_since_last: float) -> bool:
+    """Whether train.checkpoint_every_minutes have passed since the last checkpoint (or the start)."""
+    return minutes > 0 and seconds_since_last >= minutes * 60
+

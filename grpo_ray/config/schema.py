@@ -275,6 +275,9 @@ class TrainConfig(_Section):
     # Save a checkpoint every N steps; one is always saved at the end of each stage (and of the run).
     # A run started on an output_dir that holds one continues from it (see `grpo-ray train --help`).
     checkpoint_every: int = Field(0, ge=0)
+    # Also save one once this many minutes have passed since the last (0 = off), so that a failure
+    # never loses more than that much work. Pipelined runs save it once no batch started ahead is in flight.
+    checkpoint_every_minutes: float = Field(10.0, ge=0)
     # Checkpoints kept on disk (the newest ones); older ones are deleted once a new one is complete.
     keep_checkpoints: int = Field(3, ge=1)
     # Stop with an error after this many updates in a row were skipped for a NaN or infinite loss or gradient.

@@ -160,7 +160,8 @@ class BatchBuilder:
         prompts = self.stream.take(self.plan.prompts_per_step)
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
-        per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset)
+        per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset,
+                                 self.policy_version())
         rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
         tasks = [score_tasks(workers, ref, rows_per_slice) for ref in rank_major(per_worker)]
         return Generation(prompts, sampling, group_offset, per_worker, rows_per_slice, tasks, self.policy_version(), cursor)
@@ -203,7 +204,7 @@ class BatchBuilder:
             if role == "rollout":
                 share, offset = worker_share(generation.prompts, index, len(workers.rollouts))
                 per_worker[index] = generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
-                                                  generation.sampling, len(workers.learners))
+                                                  generation.sampling, len(workers.learners), self.policy_version())
                 refs = rank_major(per_worker)
                 for i in worker_positions(index, len(workers.rollouts), len(workers.learners)):
                     tasks[i] = score_tasks(workers, refs[i], rows_per_slice)

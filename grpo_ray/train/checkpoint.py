@@ -51,6 +51,44 @@ class TrainerState:
     last_metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False  # written after the last step: nothing left to train
     reference_saved: bool = False
+    # 1: recipe_hash over the whole resolved config (checkpoints before 2026-11-24); 2: over the
+    # fields that differ from their defaults, so a release that adds a field keeps old runs resumable.
+    hash_version: int = 1
+
+
+HASH_VERSION = 2
+# Config fields added since format-1 checkpoints (dotted paths). A format-1 hash covered every field
+# of its day, so it is recomputed without these; they must be at their defaults, as the old code ran.
+ADDED_SINCE_FORMAT_1: tuple[str, ...] = ("train.checkpoint_every_minutes",)
+
+
+@dataclass(frozen=True)
+class RecipeHashes:
+    current: str  # format 2: the fields that differ from their defaults
+    legacy: str | None  # format 1: what an older checkpoint of this recipe recorded; None: none can match
+
+
+def recipe_hashes(full: dict[str, Any], non_default: dict[str, Any], added: tuple[str, ...] = ADDED_SINCE_FORMAT_1) -> RecipeHashes:
+    """full: the resolved config as a dict; non_default: the same without fields at their defaults."""
+    set_since = [path for path in added if _has_path(non_default, path)]
+    legacy = None if set_since else recipe_hash(_without(full, added))
+    return RecipeHashes(recipe_hash(non_default), legacy)
+
+
+def _has_path(tree: dict[str, Any], path: str) -> bool:
+    head, _, rest = path.partition(".")
+    return head in tree and (not rest or (isinstance(tree[head], dict) and _has_path(tree[head], rest)))
+
+
+def _without(tree: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    out = dict(tree)
+    for path in paths:
+        head, _, rest = path.partition(".")
+        if head in out and not rest:
+            del out[head]
+        elif head in out and isinstance(out[head], dict):
+            out[head] = _without(out[head], (rest,))
+    return out
 
 
 def recipe_hash(config_dict: dict[str, Any]) -> str:
@@ -140,7 +178,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
         os.fsync(out.fileno())
 
 
-def resume_point(root: Path, mode: str, expected_hash: str) -> Path | None:
+def resume_point(root: Path, mode: str, expected: RecipeHashes) -> Path | None:
     """The checkpoint a run continues from, or None for a fresh start.
 
     mode "auto": the newest complete checkpoint if there is one (a retried Ray job continues);
@@ -154,10 +192,11 @@ def resume_point(root: Path, mode: str, expected_hash: str) -> Path | None:
         if mode == "require":
             raise CheckpointError(f"--resume: there is no complete checkpoint under {root} to resume from")
         return None
-    found = read_state(latest).recipe_hash
-    if found != expected_hash:
+    state = read_state(latest)
+    wanted = expected.current if state.hash_version >= HASH_VERSION else expected.legacy
+    if state.recipe_hash != wanted:
         raise CheckpointError(
-            f"{latest} was written by a different recipe (hash {found}, this one {expected_hash}); resume with the "
+            f"{latest} was written by a different recipe (hash {state.recipe_hash}, this one {expected.current}); resume with the "
             "recipe the run started with, set output_dir to a new folder, or pass --no-resume to start over"
         )
     return latest

@@ -1,24 +1,25 @@
 r"""The GRPO training loop: stages of steps, each step rollout -> rewards -> update -> weight sync.
 
+The whole algorithm on one screen, without Ray, actors or checkpoints, is
+benchmarks/plain_grpo_loop.py: read it first. This module is the same loop spread over actors.
+
 Variant: GRPO (Shao et al., 2024) with the recipe's choices of advantage, loss aggregation, KL
 placement and clipping (see algorithm in the config). Per prompt, G completions; advantage per
 group, for every token of the completion; per-token clipped-ratio loss. With one pass over a
-batch pi_old = pi_theta (ratio 1 in value); with mu passes pi_old is the rollout's log-probs.
+batch pi_old = pi_theta (ratio 1 in value); with mu passes pi_old is the rollout's log-probs
+(algo/off_policy.py).
 
 Data flow per step (large arrays never pass through this process):
 
     prompts -> RolloutWorker x R --RolloutSlice refs--> RewardWorker x K -> small ScoredSlices
-    driver: dynamic sampling, rescue, substitution on the small arrays (step_batch.py),
-            the learners' slices assembled where the data is when rows changed (update.py)
+    driver: dynamic sampling, rescue, substitution on the small arrays (train/batch.py),
+            the learners' slices assembled where the data is when rows changed (train/update.py)
     ReferenceWorker (KL) <- the learners' slice refs
     LearnerWorker x L <- its slice refs + advantages;  learner 0 --weights--> every RolloutWorker
 
 Stages (POLARIS) run one after the other on the same actors: the next stage starts from the
 weights the last one ended with; each is a nested MLflow run with its own model and ledger.
-
-Checkpoints (every train.checkpoint_every steps and at the end of each stage) hold the learners'
-DeepSpeed state, the reference when it was refreshed, and the driver's Progress and batch-builder
-state; a run started on an output_dir with a checkpoint continues from it, in the same MLflow run.
+Checkpoints and resume: train/resume.py; held-out evaluation: train/evaluation.py.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.tasks import beside_data
-from grpo_ray.cluster.weight_broadcast import WeightSyncError
+from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
 from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
 from grpo_ray.train import interrupts
-from grpo_ray.train.checkpoint import read_state, recipe_hash, resume_point, set_aside
+from grpo_ray.train.checkpoint import read_state, recipe_hashes, resume_point, set_aside
 from grpo_ray.train.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
 from grpo_ray.train.evaluation import heldout_accuracy
 from grpo_ray.train.inputs import prepare_inputs
@@ -63,8 +64,9 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
-    fingerprint = recipe_hash(config_to_dict(cfg))
-    resume_from = resume_point(checkpoints, resume, fingerprint)
+    hashes = recipe_hashes(config_to_dict(cfg), cfg.model_dump(mode="json", exclude_defaults=True))
+    fingerprint = hashes.current
+    resume_from = resume_point(checkpoints, resume, hashes)
     state = read_state(resume_from) if resume_from else None
     tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
     if state is not None and state.finished:
@@ -142,24 +144,12 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
                 if progress.skipped_in_a_row >= cfg.train.max_skipped_batches:
                     raise NothingToLearnError(_skip_message(cfg, progress.skipped_in_a_row))
                 continue
-            metrics["batch/skipped_before"] = float(progress.skipped_in_a_row)
-            progress.step, progress.skipped_in_a_row, progress.metrics = progress.step + 1, 0, metrics
-            step = progress.step
-            run.tracker.log_metrics(step, metrics)
-            run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
-            _count_skipped_update(progress, cfg.train.max_nonfinite_updates, run.console)
-            if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
-                _log_samples(run, step)
-            if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
-                progress.accuracy[step] = metrics["eval/accuracy"] = heldout_accuracy(run, stage, step)  # logs itself
-                reached = cfg.train.stop_at_accuracy is not None and metrics["eval/accuracy"] >= cfg.train.stop_at_accuracy
-            run.console.step(step, metrics)
+            reached = _record_step(run, stage, progress, metrics)
             if reached:
                 break
-            if cfg.reference.refresh_every and step % cfg.reference.refresh_every == 0:
+            if cfg.reference.refresh_every and progress.step % cfg.reference.refresh_every == 0:
                 run.workers.refresh_reference()
-            # The end of a stage has its own checkpoint, after drop-easy changed the prompts.
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0 and step < stage.last_step:
+            if _checkpoint_due(run, stage, progress.step):
                 checkpoint(run, progress)
         _finish_stage(run, stage, is_last=stage is stages[-1] or reached)
         progress.stage_index += 1
@@ -177,6 +167,35 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
     checkpoint(run, progress, finished=True)
     run.console.info(f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}")
     return TrainResult(run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics)
+
+
+def _record_step(run: Run, stage: StagePlan, progress: Progress, metrics: dict[str, float]) -> bool:
+    """Count the step, log it, evaluate when due; whether train.stop_at_accuracy was reached."""
+    cfg = run.cfg
+    metrics["batch/skipped_before"] = float(progress.skipped_in_a_row)
+    progress.step, progress.skipped_in_a_row, progress.metrics = progress.step + 1, 0, metrics
+    step = progress.step
+    run.tracker.log_metrics(step, metrics)
+    run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
+    _count_skipped_update(progress, cfg.train.max_nonfinite_updates, run.console)
+    if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
+        _log_samples(run, step)
+    reached = False
+    if step == stage.last_step or (cfg.train.eval_every and step % cfg.train.eval_every == 0):
+        progress.accuracy[step] = metrics["eval/accuracy"] = heldout_accuracy(run, stage, step)  # logs itself
+        reached = cfg.train.stop_at_accuracy is not None and metrics["eval/accuracy"] >= cfg.train.stop_at_accuracy
+    run.console.step(step, metrics)
+    return reached
+
+
+def _checkpoint_due(run: Run, stage: StagePlan, step: int) -> bool:
+    """Every train.checkpoint_every steps, and once train.checkpoint_every_minutes have passed, as soon
+    as no batch started ahead is in flight (a resumed run must draw what this one draws). The end of a
+    stage has its own checkpoint, after drop-easy changed the prompts."""
+    every = run.cfg.train.checkpoint_every
+    if step >= stage.last_step:
+        return False
+    return bool(every and step % every == 0) or (run.checkpoint_time_due() and not run.builder.pending)
 
 
 def _open_stage(run: Run, stage: StagePlan, progress: Progress) -> None:
@@ -235,21 +254,34 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,
         # and generate while this one trains.
-        room = prefetch_room(cfg, stage, step, len(run.builder.pending))
+        # Nothing more is started ahead once a time-based checkpoint is due: it waits for none in flight.
+        room = 0 if run.checkpoint_time_due() else prefetch_room(cfg, stage, step, len(run.builder.pending))
         stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
                            float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room))
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0
-        synced = run.sync.sync(step, run.inputs.probe if probe_due else None, cfg.weight_sync.probe_tolerance)
+        synced = _sync_weights(run, step, run.inputs.probe if probe_due else None)
     metrics = step_metrics(batch.generated, stats, synced, timer.seconds, time.perf_counter() - started)
     return {**metrics, **batch.metrics, **extra}
+
+
+def _sync_weights(run: Run, step: int, probe) -> SyncResult:
+    """Learner rank 0 broadcasts; every worker proves what it loaded. A rollout worker that died since
+    it last generated (idle during the update, or in the sync itself) breaks the sync: Ray restarts it,
+    and the learners' weights are sent again to a new group with it. Any other failure ends the run."""
+    try:
+        return run.sync.sync(step, probe, run.cfg.weight_sync.probe_tolerance)
+    except (WeightSyncError, ray.exceptions.RayError):
+        if not run.recovery.replace_dead_rollouts():
+            raise
+        return run.sync.last
 
 
 def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
     """Save the stage's weights and ledger; drop the easy prompts for the next stage."""
     cfg, builder = run.cfg, run.builder
-    builder.discard_pending()  # none normally (_prefetch_room): the next stage draws from other prompts
+    builder.discard_pending()  # none normally (config.prefetch_room): the next stage draws from other prompts
     folder = run.output_dir / "stages" / stage.name
     folder.mkdir(parents=True, exist_ok=True)
     builder.ledger.save(folder / "ledger.jsonl")

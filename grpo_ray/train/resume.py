@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from grpo_ray.config import Config
-from grpo_ray.train.checkpoint import TrainerState, latest_checkpoint, write_checkpoint
-from grpo_ray.train.run import Progress, Run, TrainResult
+from grpo_ray.train.checkpoint import HASH_VERSION, TrainerState, latest_checkpoint, write_checkpoint
+from grpo_ray.train.run import Progress, Run, TrainResult, in_phase
 
 
 
@@ -27,13 +27,16 @@ def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
         accuracy={str(step): value for step, value in progress.accuracy.items()},
         skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
         last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
+        hash_version=HASH_VERSION,
     )
 
     started = time.perf_counter()
-    path = write_checkpoint(run.output_dir / "checkpoints", state,
-                            lambda folder: workers.save_checkpoint(folder, with_reference=reference_saved),
-                            run.cfg.train.keep_checkpoints)
+    with in_phase("checkpoint"):
+        path = write_checkpoint(run.output_dir / "checkpoints", state,
+                                lambda folder: workers.save_checkpoint(folder, with_reference=reference_saved),
+                                run.cfg.train.keep_checkpoints)
     run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
+    run.last_checkpoint = time.monotonic()
     run.console.info(f"step {progress.step}: checkpoint {path}")
 
 

@@ -11,7 +11,7 @@ from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
-from grpo_ray.config import Config, syncs_lora_adapter
+from grpo_ray.config import Config, syncs_lora_adapter, time_checkpoint_due
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker
 from grpo_ray.train.batch import BatchBuilder
@@ -28,6 +28,24 @@ class TrainResult:
     last_metrics: dict[str, float]
 
 
+# The phase the driver is in now ("rollout", "update", "sync", "evaluation", "checkpoint"...): what a
+# fault landed in, for the logs and the chaos test's report. One driver per process, so one value.
+_phase = ["between phases"]
+
+
+def current_phase() -> str:
+    return _phase[0]
+
+
+@contextmanager
+def in_phase(name: str):
+    before, _phase[0] = _phase[0], name
+    try:
+        yield
+    finally:
+        _phase[0] = before
+
+
 class PhaseTimer:
     """`with timer("rollout"):` adds the block's wall seconds under timing/rollout."""
 
@@ -37,7 +55,8 @@ class PhaseTimer:
     @contextmanager
     def __call__(self, phase: str):
         started = time.perf_counter()
-        yield
+        with in_phase(phase):
+            yield
         self.seconds[f"timing/{phase}"] = self.seconds.get(f"timing/{phase}", 0.0) + time.perf_counter() - started
 
 
@@ -57,13 +76,14 @@ class Run:
                                       self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
         self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) over {self.sync.backend}: {self.sync.backend_reason}")
-        recovery = WorkerRecovery(
+        self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
         )
-        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), recovery,
+        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), self.recovery,
                                     policy_version=lambda: self.sync.version)
         self.output_dir = Path(self.cfg.output_dir)
+        self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 
 
@@ -78,3 +98,7 @@ class Progress:
     nonfinite_in_a_row: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     open_stage_run: str | None = None  # a resumed run goes on logging into its stage's run
+
+    def checkpoint_time_due(self) -> bool:
+        return time_checkpoint_due(self.cfg.train.checkpoint_every_minutes, time.monotonic() - self.last_checkpoint)
+

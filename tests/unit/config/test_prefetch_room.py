@@ -33,3 +33,11 @@ def test_a_later_stage_counts_from_its_first_step():
     stage = StagePlan(name="t", steps=5, first_step=11, max_new_tokens=5, temperature=1.0, top_p=1.0, eval_temperature=0.0)
     assert prefetch_room(_cfg(1), stage, step=14, pending=0) == 1
     assert prefetch_room(_cfg(1), stage, step=15, pending=0) == 0
+
+
+def test_a_time_checkpoint_is_due_once_the_minutes_have_passed():
+    from grpo_ray.config import time_checkpoint_due
+
+    assert not time_checkpoint_due(10.0, 599.0)
+    assert time_checkpoint_due(10.0, 600.0)
+    assert not time_checkpoint_due(0.0, 10_000.0)  # 0 turns it off

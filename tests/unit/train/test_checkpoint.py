@@ -10,6 +10,9 @@ import torch
 
 from grpo_ray.models.tensor_files import load_tensors, save_tensors
 from grpo_ray.train.checkpoint import (
+    HASH_VERSION,
+    RecipeHashes,
+    recipe_hashes,
     CheckpointError,
     TrainerState,
     complete_checkpoints,
@@ -22,9 +25,12 @@ from grpo_ray.train.checkpoint import (
 )
 
 
-def state(step: int, recipe: str = "abc") -> TrainerState:
+def state(step: int, recipe: str = "abc", hash_version: int = HASH_VERSION) -> TrainerState:
     return TrainerState(step=step, stage_index=0, run_id="run", stage_run_id=None, recipe_hash=recipe,
-                        builder={"batches_drawn": step}, accuracy={"0": 0.25})
+                        builder={"batches_drawn": step}, accuracy={"0": 0.25}, hash_version=hash_version)
+
+
+ABC = RecipeHashes(current="abc", legacy="old")
 
 
 def write_tensor(folder: Path) -> None:
@@ -101,17 +107,39 @@ def test_recipe_hash_ignores_where_the_run_runs_but_not_what_it_trains():
 
 def test_resume_point_modes(tmp_path):
     root = tmp_path / "checkpoints"
-    assert resume_point(root, "auto", "abc") is None
+    assert resume_point(root, "auto", ABC) is None
     with pytest.raises(CheckpointError, match="--resume: there is no complete checkpoint under"):
-        resume_point(root, "require", "abc")
+        resume_point(root, "require", ABC)
     write_checkpoint(root, state(2), write_tensor, keep=3)
-    assert resume_point(root, "auto", "abc") == root / "step_000002"
-    assert resume_point(root, "never", "abc") is None
+    assert resume_point(root, "auto", ABC) == root / "step_000002"
+    assert resume_point(root, "never", ABC) is None
     with pytest.raises(CheckpointError, match="was written by a different recipe"):
-        resume_point(root, "auto", "def")
+        resume_point(root, "auto", RecipeHashes("def", "old"))
     moved = set_aside(root, "then")
     assert moved.name == "checkpoints.replaced-then" and (moved / "step_000002" / "state.json").exists()
-    assert resume_point(root, "auto", "abc") is None
+    assert resume_point(root, "auto", ABC) is None
+
+
+def test_a_checkpoint_from_before_format_2_is_checked_against_the_legacy_hash(tmp_path):
+    root = tmp_path / "checkpoints"
+    write_checkpoint(root, state(2, recipe="old", hash_version=1), write_tensor, keep=3)
+    assert resume_point(root, "auto", ABC) == root / "step_000002"
+    with pytest.raises(CheckpointError, match="was written by a different recipe"):
+        resume_point(root, "auto", RecipeHashes("abc", None))  # a field added since is set: cannot match
+
+
+def test_recipe_hashes_ignore_defaults_and_fields_added_since_format_1():
+    full = {"seed": 0, "learner": {"lr": 1e-4, "lr_schedule": "constant"}}
+    at_defaults = {"learner": {"lr": 1e-4}}  # seed 0 and lr_schedule constant are defaults
+    hashes = recipe_hashes(full, at_defaults, added=("learner.lr_schedule",))
+    # Format 1 hashed the whole config of its day, which had no lr_schedule.
+    assert hashes.legacy == recipe_hash({"seed": 0, "learner": {"lr": 1e-4}})
+    assert hashes.current == recipe_hash(at_defaults)
+    # Adding a field whose default keeps behaviour leaves the current hash as it was.
+    assert recipe_hashes({**full, "new": 1}, at_defaults).current == hashes.current
+    # A recipe that sets a field the old code did not have cannot be the one an old checkpoint ran.
+    set_since = {"learner": {"lr": 1e-4, "lr_schedule": "cosine"}}
+    assert recipe_hashes(full, set_since, added=("learner.lr_schedule",)).legacy is None
 
 
 def test_an_unreadable_state_file_names_the_folder(tmp_path):

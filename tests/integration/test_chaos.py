@@ -1,0 +1,121 @@
+"""Chaos: rollout and reward worker processes SIGKILLed at seeded random moments of a run, in every
+phase of a step (generating, scoring, idle during the update, in the weight sync, during evaluation
+and checkpoints). Every death is recovered and the run equals a straight run step by step.
+
+The schedule is seeded: each kill names a driver phase to wait for, a role and a worker, and a delay
+into the phase. The killer runs in a thread of this process, beside the driver (train() in the main
+thread), reads the driver's phase (train/run.py current_phase) and finds the worker's process by the
+title Ray gives it ("ray::RolloutWorker.generate" while it generates, "ray::RolloutWorker" idle).
+"""
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from grpo_ray.config import load_config
+from grpo_ray.train.loop import train
+from grpo_ray.train.run import current_phase
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = ["train.steps=150", "train.eval_every=10", "train.checkpoint_every=5", "train.checkpoint_every_minutes=0",
+            "data.eval_limit=20", "rollout.num_workers=2", "reward.num_workers=2", "ray.max_actor_restarts=20"]
+# Phases a kill waits for, in schedule order; the roles it may hit in each.
+PHASES = ["update", "sync", "rollout", "evaluation", "reward", "checkpoint", "update", "sync", "advantages", "rollout"]
+SEED = 2026
+
+
+def worker_processes(role: str) -> list[psutil.Process]:
+    """This process's Ray workers of a role (RolloutWorker or RewardWorker), by Ray's process title."""
+    title = f"ray::{role}"
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.cmdline() and proc.cmdline()[0].startswith(title):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+class Killer(threading.Thread):
+    def __init__(self, schedule: list[tuple[str, str, int, float]]):
+        super().__init__(daemon=True)
+        self.schedule = schedule
+        self.kills: list[dict] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        rng = random.Random(SEED)
+        for phase, role, index, delay in self.schedule:
+            if self.stop.wait(rng.uniform(1.0, 3.0)):  # leave the last recovery a few steps
+                return
+            if not self._wait_for(phase):
+                return
+            time.sleep(delay)
+            victims = sorted(worker_processes(role), key=lambda p: p.pid)
+            if not victims:
+                continue
+            victim = victims[index % len(victims)]
+            try:
+                doing = victim.cmdline()[0]
+                victim.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                continue
+            self.kills.append({"phase": current_phase(), "aimed_at": phase, "role": role, "doing": doing})
+
+    def _wait_for(self, phase: str, timeout: float = 120.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while current_phase() != phase:
+            if self.stop.is_set() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+        return True
+
+
+def history(result, key: str) -> dict[int, float]:
+    client = MlflowClient(result.tracking_uri)
+    return {m.step: m.value for m in sorted(client.get_metric_history(result.run_id, key), key=lambda m: m.timestamp)}
+
+
+@pytest.mark.slow
+def test_a_run_with_workers_killed_in_every_phase_equals_the_straight_run(tmp_path, capsys):
+    straight = train(load_config(ROOT / "configs" / "tiny.yaml", [f"output_dir={tmp_path / 'straight'}", *SETTINGS]))
+
+    rng = random.Random(SEED)
+    schedule = [(phase, rng.choice(["RolloutWorker", "RolloutWorker", "RewardWorker"]), rng.randrange(2), rng.uniform(0, 0.01))
+                for phase in PHASES]
+    killer = Killer(schedule)
+    killer.start()
+    started = time.monotonic()
+    try:
+        hurt = train(load_config(ROOT / "configs" / "tiny.yaml", [f"output_dir={tmp_path / 'chaos'}", *SETTINGS]))
+    finally:
+        killer.stop.set()
+        killer.join(timeout=10)
+    hurt_seconds = time.monotonic() - started
+
+    kills = killer.kills
+    replaced = sum(history(hurt, "faults/rollout_replaced").values()) + sum(history(hurt, "faults/reward_replaced").values())
+    recovery = {step: s for step, s in history(hurt, "faults/recovery_seconds").items() if s > 0}
+    with capsys.disabled():
+        print(f"\nchaos: {len(kills)} kills; by the driver's phase: {dict(Counter(k['phase'] for k in kills))}; "
+              f"what the victim was doing: {dict(Counter(k['doing'] for k in kills))}; "
+              f"replacements counted by the run: {replaced:g}; recovery seconds per step: "
+              f"{ {s: round(v, 1) for s, v in recovery.items()} }; run {hurt_seconds:.0f} s")
+
+    assert len(kills) >= 8, kills
+    outside_generate = [k for k in kills if k["role"] == "RolloutWorker" and not k["doing"].endswith(".generate")]
+    assert len(outside_generate) >= 3, kills
+    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy", "eval/accuracy"):
+        want, got = history(straight, key), history(hurt, key)
+        assert sorted(got) == sorted(want), key
+        for step in want:
+            assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} hurt, {want[step]} straight"
