@@ -86,6 +86,9 @@ class Run:
         self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
 
+    def checkpoint_time_due(self) -> bool:
+        return time_checkpoint_due(self.cfg.train.checkpoint_every_minutes, time.monotonic() - self.last_checkpoint)
+
 
 @dataclass
 class Progress:
@@ -98,7 +101,3 @@ class Progress:
     nonfinite_in_a_row: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     open_stage_run: str | None = None  # a resumed run goes on logging into its stage's run
-
-    def checkpoint_time_due(self) -> bool:
-        return time_checkpoint_due(self.cfg.train.checkpoint_every_minutes, time.monotonic() - self.last_checkpoint)
-

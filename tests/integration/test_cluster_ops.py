@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -126,12 +127,12 @@ def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
     ]
 
 
-def submit(cluster, tmp_path: Path, name: str, *overrides: str) -> str:
-    """`ray job submit --no-wait` of `grpo-ray train`; returns the submission id."""
+def submit(cluster, tmp_path: Path, name: str, *overrides: str, output: str | None = None) -> str:
+    """`ray job submit --no-wait` of `grpo-ray train` into tmp_path/(output or name); returns the submission id."""
     workdir = tmp_path / f"{name}-job"
     workdir.mkdir()
     (workdir / "README").write_text("grpo-ray test job\n")  # what --working-dir uploads: keep it small
-    sets = [arg for item in [f"output_dir={tmp_path / name}", *SHORT, *overrides] for arg in ("--set", item)]
+    sets = [arg for item in [f"output_dir={tmp_path / (output or name)}", *SHORT, *overrides] for arg in ("--set", item)]
     out = ray_cli("job", "submit", "--address", cluster["dashboard"], "--working-dir", str(workdir), "--no-wait", "--",
                   str(BIN / "grpo-ray"), "train", str(TINY), *sets)
     return re.search(r"Job '(raysubmit_\w+)' submitted successfully", out.stdout + out.stderr).group(1)
@@ -168,3 +169,42 @@ def test_a_stopped_job_takes_every_actor_it_started_with_it(two_nodes, tmp_path)
         assert time.monotonic() < deadline, f"still alive after ray job stop: {[a['class_name'] for a in alive]}, {groups}"
         time.sleep(1)
     assert job_status(two_nodes, job) == "was stopped"
+
+
+def test_a_job_whose_driver_died_resumes_when_submitted_again(two_nodes, tmp_path):
+    # The driver of a submitted job is SIGKILLed (a lost node, an OOM kill) after its step-2
+    # checkpoint; submitting the same command again continues from it, in the same MLflow run.
+    args = ("train.steps=6", "train.checkpoint_every=2")
+    first = submit(two_nodes, tmp_path, "first", *args, output="resubmitted")
+    state = tmp_path / "resubmitted" / "checkpoints" / "step_000002" / "state.json"
+    deadline = time.monotonic() + 300
+    while not state.exists():
+        assert time.monotonic() < deadline, "the job never wrote its step-2 checkpoint"
+        time.sleep(0.5)
+    drivers = [p for p in psutil.process_iter(["cmdline"])
+               if "train" in (p.info["cmdline"] or []) and f"output_dir={tmp_path / 'resubmitted'}" in (p.info["cmdline"] or [])]
+    assert len(drivers) == 1, [p.info["cmdline"] for p in drivers]
+    drivers[0].kill()
+    deadline = time.monotonic() + 120
+    while job_status_now(two_nodes, first) not in ("FAILED", "STOPPED", "SUCCEEDED"):
+        assert time.monotonic() < deadline, "Ray never noticed the driver's death"
+        time.sleep(1)
+    assert job_status_now(two_nodes, first) == "FAILED"
+
+    again = submit(two_nodes, tmp_path, "again", *args, output="resubmitted")
+    logs = ray_cli("job", "logs", "-f", "--address", two_nodes["dashboard"], again, timeout=400).stdout
+    assert re.search(r"resuming from .*step_00000[24] \(step [24]\)", logs), logs[-2000:]
+    assert "step 6/6" in logs and job_status(two_nodes, again) == "succeeded"
+    client = MlflowClient(f"sqlite:///{tmp_path / 'resubmitted' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
+    (run,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert run.info.status == "FINISHED"
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "loss/total")} == set(range(1, 7))
+
+
+def job_status_now(cluster, job: str) -> str:
+    """The job's state word (PENDING, RUNNING, FAILED, ...) as `ray job status` prints it."""
+    out = ray_cli("job", "status", "--address", cluster["dashboard"], job, check=False)
+    match = re.search(r"Status for job '[^']+': (\w+)", out.stdout + out.stderr)
+    return match.group(1) if match else "UNKNOWN"
+
