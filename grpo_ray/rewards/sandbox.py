@@ -61,6 +61,7 @@ from grpo_ray.rewards.registry import (
     _one_line,
     load_reward_function,
     score_completions,
+    takes_completion_ids,
 )
 
 # How often a busy child checks that its parent is still alive.
@@ -117,7 +118,8 @@ def _child_main(
     except Exception as error:  # noqa: BLE001 - reported to the constructor, which raises
         conn.send(("error", str(error) if isinstance(error, RewardSpecError) else _one_line(error)))
         return
-    conn.send(("ready", os.getpid()))
+    # Which functions take token ids (TRL's completion_ids): the parent sends them only then.
+    conn.send(("ready", [takes_completion_ids(fn) for fn in loaded]))
     while True:
         try:
             index, completions, prompts, answers, row_fields = conn.recv()
@@ -227,6 +229,8 @@ class SandboxedScorer:
         self.names = [spec for spec, _ in functions]
         self.timeout_s = timeout_s
         self.restarts = 0  # children replaced after a timeout, a crash, or found dead
+        # Whether any function takes TRL's completion_ids (known once the children are ready).
+        self.wants_completion_ids = False
         self._functions = [(spec, dict(options or {})) for spec, options in functions]
         self._memory_limit_mb = memory_limit_mb
         self._start_timeout_s = start_timeout_s
@@ -436,6 +440,7 @@ class SandboxedScorer:
         if child.state == "starting":
             if kind == "ready":
                 child.state = "idle"
+                self.wants_completion_ids = any(value)
             else:
                 _kill(child.process)
                 child.state, child.error, child.spec_error = "broken", value, True
