@@ -42,6 +42,7 @@ from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.weights import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, syncs_lora_adapter, total_steps
 from grpo_ray.data.prompts import PromptStream
+from grpo_ray.rewards.by_source import eval_source_accuracies
 from grpo_ray.run_setup import RunInputs, prepare_inputs
 from grpo_ray.step_batch import BatchBuilder, NothingToLearnError, RewardFailureError, RunStoppedError, sample_rows, score_slices
 from grpo_ray.step_metrics import step_metrics
@@ -443,9 +444,12 @@ def _evaluate(run: Run, stage: StagePlan, step: int) -> float:
     ]
     scored = score_slices(workers, cfg, refs, [len(share) * cfg.train.eval_samples for share in shares])
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
+    # With reward.by_source each row's accuracy is its own source's first function (rewards/by_source.py).
+    first = "accuracy" if "accuracy" in scored[0].per_function else first
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = float(np.nanmean(scores)) if np.isfinite(scores).any() else 0.0
     run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored])))})
+    run.tracker.log_metrics(step, eval_source_accuracies([s.per_function for s in scored]))
     return accuracy
 
 

@@ -153,6 +153,20 @@ class RewardPlan:
         return entries
 
 
+def eval_source_accuracies(parts: Sequence[Mapping[str, np.ndarray]]) -> dict[str, float]:
+    """``eval/accuracy/<src>``: the mean of each ``accuracy/<src>`` entry over the slices' rows.
+
+    >>> eval_source_accuracies([{"accuracy/gsm8k": np.array([1.0, np.nan, 0.0]), "math": np.zeros(3)}])
+    {'eval/accuracy/gsm8k': 0.5}
+    """
+    metrics = {}
+    for key in parts[0] if parts else ():
+        if key.startswith("accuracy/"):
+            values = np.concatenate([part[key] for part in parts])
+            metrics[f"eval/{key}"] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+    return metrics
+
+
 def source_label(source: str | None) -> str:
     """A source as a metric-name part: "default" for unlisted ones, refused characters as "_"."""
     return DEFAULT_SOURCE if source is None else _NOT_IN_METRIC_NAMES.sub("_", source).replace("/", "_")
