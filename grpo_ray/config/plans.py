@@ -186,6 +186,12 @@ def _check_reference_and_quantization(cfg: Config) -> None:
     if cfg.model.quantization is not None and not cfg.model.lora.enabled:
         raise ConfigError(f"model.quantization: {cfg.model.quantization} trains a LoRA adapter over a frozen "
                           "quantised base; set model.lora.enabled: true")
+    if cfg.model.quantization is not None and not cfg.weight_sync.lora_adapter_only:
+        raise ConfigError("weight_sync.lora_adapter_only: with model.quantization only the adapter can be sent "
+                          "(the engine serves the unquantised base); set it to true")
+    if cfg.model.quantization is not None and ref.refresh_every:
+        raise ConfigError("reference.refresh_every: the policy's base is quantised and cannot be copied into the "
+                          "reference; set it to 0 with model.quantization")
 
 
 def _check_placement(cfg: Config) -> None:
