@@ -144,6 +144,8 @@ class RewardPlan:
         entries: dict[str, np.ndarray] = {}
         for source in dict.fromkeys(sources):
             rows = np.array([s == source for s in sources])
+            if not self.entries(source):  # no default functions (a reward model alone scores them)
+                continue
             first = self.entries(source)[0][0]
             accuracy[rows] = scores[first][rows]
             label = source_label(source)

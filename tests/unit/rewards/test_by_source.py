@@ -160,3 +160,11 @@ def test_bad_by_source_is_refused_naming_the_field(reward, field):
     with pytest.raises(ConfigError) as error:
         config_from_dict({"reward": reward})
     assert str(error.value).startswith(field) and "\n" not in str(error.value)
+
+
+def test_rows_of_no_listed_source_may_have_no_functions():
+    # reward.functions may be empty beside a reward model: those rows get 0 from the functions.
+    plan = RewardPlan.build([], {"gsm8k": [("gsm8k", 1.0, {})]})
+    routed = plan.combine(["gsm8k", None], [([1.0, None], None)])
+    assert routed.totals.tolist() == [1.0, 0.0] and routed.failures == {"gsm8k": 0}
+    assert "accuracy/default" not in routed.per_function
