@@ -111,7 +111,8 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_m
     click.echo(f"prompts per rollout worker     {plan.prompts_per_rollout_worker}")
     click.echo(f"sequences per learner rank     {plan.sequences_per_learner_rank}")
     click.echo(f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)")
-    click.echo(f"reference model                {'yes' if cfg.use_reference else 'no (kl_coef = 0)'}")
+    reference = f"yes ({cfg.reference.model_path or 'the initial policy'})" if cfg.use_reference else "no (kl_coef = 0)"
+    click.echo(f"reference model                {reference}")
     click.echo("\n# stages")
     for stage in plan_stages(cfg):
         click.echo(

@@ -180,6 +180,8 @@ def test_gsm8k_ref7b_recipe():
     assert (gpus["learner"], gpus["rollout"], gpus["reference"]) == (1, 1, 1) and cfg.placement.colocate == ()
     accuracy, reward = cfg.reward.functions
     assert (accuracy.name, accuracy.weight, reward.weight) == ("gsm8k", 0.0, 1.0)
+    shown = CliRunner().invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")]).output
+    assert re.search(r"reference model +yes \(Qwen/Qwen2\.5-7B-Instruct\)", shown)
     fn = load_reward_function(reward.name, reward.options)
     # +1 / -1 for the answer, +1.25 / -1 for <think>...</think><answer>...</answer>.
     completions = ["<think>48+24</think><answer>72</answer>", "72", "<think>x</think><answer>71</answer>", "71"]
