@@ -27,6 +27,7 @@ from functools import wraps  # noqa: E402
 import click  # noqa: E402
 import yaml  # noqa: E402
 
+from grpo_ray.config.memory import memory_plan  # noqa: E402
 from grpo_ray.config import (  # noqa: E402
     ConfigError,
     config_to_dict,
@@ -90,11 +91,14 @@ OVERRIDES = click.option(
 @click.argument("config", type=click.Path(dir_okay=False))
 @OVERRIDES
 @click.option("--address", default=None, help="Check the plan against this running Ray cluster (default: RAY_ADDRESS if set).")
+@click.option("--gpu-memory-gb", default=80.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Memory of one GPU in GiB: the memory plan warns when a role needs more.")
 @one_line_errors
-def validate(config: str, overrides: tuple[str, ...], address: str | None) -> None:
-    """Print the resolved config, the resources of each role and the batch arithmetic; with a
-    cluster to connect to, check that it can hold the plan (exit 1 when it cannot)."""
+def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float) -> None:
+    """Print the resolved config, the resources of each role, the batch arithmetic and the memory
+    plan per GPU; with a cluster to connect to, check that it can hold the plan (exit 1 when it cannot)."""
     cfg = load_config(config, overrides)
+    check_quantization(cfg)
     plan = plan_batches(cfg)
     click.echo("# resolved config")
     click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
@@ -107,7 +111,8 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None) -> No
     click.echo(f"prompts per rollout worker     {plan.prompts_per_rollout_worker}")
     click.echo(f"sequences per learner rank     {plan.sequences_per_learner_rank}")
     click.echo(f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)")
-    click.echo(f"reference model                {'yes' if cfg.use_reference else 'no (kl_coef = 0)'}")
+    reference = f"yes ({cfg.reference.model_path or 'the initial policy'})" if cfg.use_reference else "no (kl_coef = 0)"
+    click.echo(f"reference model                {reference}")
     click.echo("\n# stages")
     for stage in plan_stages(cfg):
         click.echo(
@@ -119,6 +124,12 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None) -> No
         "rescue": cfg.polaris.rescue, "drop-easy": cfg.polaris.drop_easy_threshold is not None,
     }
     click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
+    lines, warnings = memory_plan(cfg, gpu_memory_gb)
+    click.echo(f"\n# memory per GPU (estimate; --gpu-memory-gb {gpu_memory_gb:g})")
+    for line in lines:
+        click.echo(line)
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         missing = _check_against_cluster(cfg, address)
@@ -127,6 +138,17 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None) -> No
                 click.echo(f"missing: {line}", err=True)
             sys.exit(1)
     click.echo("ok")
+
+
+def check_quantization(cfg) -> None:
+    """model.quantization: refuse, in one line and before anything starts, where bitsandbytes cannot run."""
+    if cfg.model.quantization is None:
+        return
+    from grpo_ray.models.quantization import quantization_problem
+
+    problem = quantization_problem(cfg.model.quantization, cfg.learner.num_gpus > 0)
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def _check_against_cluster(cfg, address: str) -> list[str]:
@@ -158,6 +180,7 @@ def train(config: str, overrides: tuple[str, ...], resume: bool | None) -> None:
 
     A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
+    check_quantization(cfg)
     from grpo_ray.train import interrupts
     from grpo_ray.train.loop import train as run_training
 

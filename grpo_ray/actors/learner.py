@@ -74,6 +74,7 @@ class LearnerSettings:
     lora_target_modules: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
     share_prompts: bool = True
+    quantization: str | None = None  # model.quantization: "4bit" | "8bit" base under the LoRA adapter
 
 
 class LearnerWorker:
@@ -106,7 +107,7 @@ class LearnerWorker:
         )
         deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(s.seed)
-        model = load_causal_lm(s.model_path, s.dtype)
+        model = load_causal_lm(s.model_path, s.dtype, quantization=s.quantization)
         if s.gradient_checkpointing:
             # Non-reentrant: works with frozen inputs (LoRA) and gives the same gradients.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -113,6 +113,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         lora_target_modules=tuple(lora.target_modules),
         gradient_checkpointing=lr.gradient_checkpointing,
         share_prompts=lr.share_prompts,
+        quantization=cfg.model.quantization,
     )
 
 
@@ -164,12 +165,13 @@ def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) 
 
 
 def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
-    functions = [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in cfg.reward.functions]
+    settings = lambda functions: [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in functions]  # noqa: E731
     r = cfg.reward
     isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
+    by_source = {source: settings(functions) for source, functions in r.by_source.items()}
     return [
-        spawn(RewardWorker, placement, "reward", i, resources, functions, isolation, name=f"reward-{i}",
-              max_restarts=cfg.ray.max_actor_restarts)
+        spawn(RewardWorker, placement, "reward", i, resources, settings(r.functions), isolation, by_source,
+              r.source_field, name=f"reward-{i}", max_restarts=cfg.ray.max_actor_restarts)
         for i in range(cfg.reward.num_workers)
     ]
 
@@ -177,7 +179,8 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
 def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> Any:
     return spawn(
         ReferenceWorker, placement, "reference", 0, resources,
-        cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads, name="reference",
+        cfg.reference.model_path or cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads,
+        name="reference",
     )
 
 

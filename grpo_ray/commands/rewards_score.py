@@ -32,6 +32,7 @@ from typing import Any
 
 from grpo_ray.config import ConfigError, RewardConfig, load_config
 from grpo_ray.data.loaders import DataError
+from grpo_ray.rewards.by_source import RewardPlan, score_routed, take_rows
 from grpo_ray.rewards.scorer import RowScorer
 
 # Field names of an input row that are not passed to reward functions as row fields.
@@ -76,6 +77,8 @@ class ScoringReport:
     rows: list[ScoringRow]  # [N] in input order
     functions: list[FunctionScores]  # in config order
     totals: list[float | None]  # [N] weighted sum; None where any function failed
+    # With reward.by_source: "source/<src>" -> [N] total reward on that source's rows (None elsewhere).
+    by_source: dict[str, list[float | None]] = field(default_factory=dict)
 
     def records(self) -> list[dict[str, Any]]:
         """Output rows: the input fields, then `reward`, then each function's score by name."""
@@ -139,45 +142,45 @@ def row_fields_of(rows: list[ScoringRow]) -> dict[str, list]:
     return {name: [row.fields.get(name) for row in rows] for name in names}
 
 
-def function_names(specs: list[str]) -> list[str]:
-    """Output keys: the spec, with "#2", "#3"... on its repeats (the same function, other options)."""
-    seen: dict[str, int] = {}
-    names = []
-    for spec in specs:
-        seen[spec] = seen.get(spec, 0) + 1
-        names.append(spec if seen[spec] == 1 else f"{spec}#{seen[spec]}")
-    return names
+def reward_plan(cfg_reward: RewardConfig) -> RewardPlan:
+    """The recipe's functions, per source when reward.by_source is set (see rewards/by_source.py)."""
+    entries = lambda functions: [(f.name, f.weight, dict(f.options)) for f in functions]  # noqa: E731
+    by_source = {source: entries(functions) for source, functions in cfg_reward.by_source.items()}
+    return RewardPlan.build(entries(cfg_reward.functions), by_source, cfg_reward.source_field)
 
 
 def score_rows(cfg_reward: RewardConfig, rows: list[ScoringRow]) -> ScoringReport:
-    """Score every row with `cfg_reward.functions` (weights, options, isolation, timeout)."""
+    """Score every row with `cfg_reward.functions` (weights, options, isolation, timeout), each row
+    with its source's functions when reward.by_source is set."""
     if not cfg_reward.functions:
         raise ConfigError("reward.functions: empty; name at least one reward function to score with")
-    specs = [(f.name, dict(f.options)) for f in cfg_reward.functions]
-    batch = ([r.completion for r in rows], [r.prompt for r in rows], [r.answer for r in rows], row_fields_of(rows))
+    plan = reward_plan(cfg_reward)
+    fields = row_fields_of(rows)
+    batch = ([r.completion for r in rows], [r.prompt for r in rows], [r.answer for r in rows], fields)
+    sources = plan.row_sources(fields, len(rows))
     with RowScorer(
-        specs,
+        plan.specs,
         isolation=cfg_reward.isolation,
         timeout_s=cfg_reward.timeout_s,
         processes=cfg_reward.processes_per_worker,
         memory_limit_mb=cfg_reward.memory_limit_mb,
     ) as scorer:
-        results = scorer.score(*batch)
-    names = function_names([f.name for f in cfg_reward.functions])
+        results = score_routed(plan, sources, lambda indices, picked: scorer.score(*take_rows(batch, picked), indices))
+    routed = plan.combine(sources, results)
+    weights: dict[int, float] = {}  # a function's weight where it is first listed (sources may differ)
+    for index, weight in [entry for entries in (plan.default, *plan.by_source.values()) for entry in entries]:
+        weights.setdefault(index, weight)
     functions = [
-        FunctionScores(name, f.weight, scores, error)
-        for name, f, (scores, error) in zip(names, cfg_reward.functions, results)
+        FunctionScores(f.key, weights[i], scores, error)
+        for i, (f, (scores, error)) in enumerate(zip(plan.functions, results))
     ]
-    return ScoringReport(rows=rows, functions=functions, totals=weighted_totals(functions, len(rows)))
-
-
-def weighted_totals(functions: list[FunctionScores], n: int) -> list[float | None]:
-    """Per row: sum of weight x score, or None when any function failed on the row."""
-    totals: list[float | None] = []
-    for i in range(n):
-        scores = [f.scores[i] for f in functions]
-        totals.append(None if None in scores else math.fsum(f.weight * s for f, s in zip(functions, scores)))
-    return totals
+    totals = [None if math.isnan(t) else float(t) for t in routed.totals]
+    by_source = {
+        key: [None if math.isnan(v) else float(v) for v in values]
+        for key, values in routed.per_function.items()
+        if key.startswith("source/")
+    }
+    return ScoringReport(rows=rows, functions=functions, totals=totals, by_source=by_source)
 
 
 # ---- the command -------------------------------------------------------------------------------
@@ -205,6 +208,10 @@ def summary_lines(report: ScoringReport) -> list[str]:
     mean_total = f"{sum(scored) / len(scored):.4f}" if scored else "-"
     failed = len(report.totals) - len(scored)
     lines.append(f"{'reward':<{width}}  {'':>7}  {mean_total:>7}  {failed:>8}  (weighted total; rows where any function failed)")
+    for key, values in report.by_source.items():  # reward.by_source: the total per data source
+        scored = [v for v in values if v is not None]
+        mean = f"{sum(scored) / len(scored):.4f}" if scored else "-"
+        lines.append(f"{key:<{width}}  {'':>7}  {mean:>7}  {'':>8}  (weighted total on the source's rows)")
     return lines
 
 

@@ -170,7 +170,28 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("reference.refresh_every: needs algorithm.kl_coef > 0 (no reference model runs without KL)")
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
+    _check_reference_and_quantization(cfg)
     _check_placement(cfg)
+
+
+def _check_reference_and_quantization(cfg: Config) -> None:
+    ref = cfg.reference
+    if ref.model_path is not None and not cfg.use_reference:
+        raise ConfigError("reference.model_path: needs algorithm.kl_coef > 0 (no reference model runs without KL)")
+    if ref.tokenizer is not None and ref.model_path is None:
+        raise ConfigError("reference.tokenizer: set reference.model_path too (the default reference is the policy)")
+    if ref.model_path is not None and ref.refresh_every:
+        raise ConfigError("reference.refresh_every: copies the policy's weights into the reference, which cannot "
+                          "hold them when reference.model_path names another model; set one of the two")
+    if cfg.model.quantization is not None and not cfg.model.lora.enabled:
+        raise ConfigError(f"model.quantization: {cfg.model.quantization} trains a LoRA adapter over a frozen "
+                          "quantised base; set model.lora.enabled: true")
+    if cfg.model.quantization is not None and not cfg.weight_sync.lora_adapter_only:
+        raise ConfigError("weight_sync.lora_adapter_only: with model.quantization only the adapter can be sent "
+                          "(the engine serves the unquantised base); set it to true")
+    if cfg.model.quantization is not None and ref.refresh_every:
+        raise ConfigError("reference.refresh_every: the policy's base is quantised and cannot be copied into the "
+                          "reference; set it to 0 with model.quantization")
 
 
 def _check_placement(cfg: Config) -> None:

@@ -54,6 +54,10 @@ class ModelConfig(_Section):
     # Parameter dtype for every role. float32 on CPU; bfloat16 on GPU.
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     lora: LoraConfig = LoraConfig()
+    # Load the base model quantised through bitsandbytes (QLoRA: 4bit NF4; or 8bit) and train only
+    # the LoRA adapter over it (needs lora.enabled); the rollout engine serves the base at `dtype`
+    # plus the adapter. Needs bitsandbytes with a backend for this machine (CUDA); null: off.
+    quantization: Literal["4bit", "8bit"] | None = None
 
 
 class DataConfig(_Section):
@@ -175,8 +179,14 @@ class RewardConfig(_RoleSection):
     # Steps in that window.
     failure_window_steps: int = Field(10, ge=1)
     # Reward functions; the total reward is their weighted sum (plus the reward model's, if any).
-    # The first one is the evaluation accuracy.
+    # The first one is the evaluation accuracy. With by_source: the default for unlisted sources.
     functions: tuple[RewardFunctionConfig, ...] = (RewardFunctionConfig(name="exact_match"),)
+    # Rows that name their own reward: source -> the functions scoring rows whose `source_field`
+    # has that value (e.g. {gsm8k: [{name: gsm8k}], math: [{name: math}]}); other rows use
+    # `functions`. Each source's first function is its accuracy. Empty: every row uses `functions`.
+    by_source: dict[Annotated[str, Field(min_length=1)], Annotated[tuple[RewardFunctionConfig, ...], Field(min_length=1)]] = {}
+    # The row field whose value picks a by_source entry (verl-style data carries data_source).
+    source_field: str = Field("data_source", min_length=1)
     model: RewardModelConfig = RewardModelConfig()
 
 
@@ -226,6 +236,12 @@ class AlgorithmConfig(_Section):
 
 
 class ReferenceConfig(_RoleSection):
+    # A reference model other than the policy (hub id or folder, e.g. a 7B reference for a 3B
+    # policy); its tokenizer must map every token to the same id as the policy's (the per-token
+    # KL compares the same ids), checked at start. null: the initial policy.
+    model_path: str | None = None
+    # Its tokenizer; defaults to model_path's own.
+    tokenizer: str | None = None
     # CPUs reserved for the reference-model actor (started only when algorithm.kl_coef > 0).
     num_cpus: float = Field(0.5, gt=0)
     # GPUs for the reference-model actor.

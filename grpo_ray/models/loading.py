@@ -61,13 +61,22 @@ def compute_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def load_causal_lm(path: str, dtype: str = "float32", config_overrides: dict | None = None) -> torch.nn.Module:
-    """The model at `path`; `config_overrides` are set on its config first (e.g. YaRN rope scaling)."""
+def load_causal_lm(
+    path: str, dtype: str = "float32", config_overrides: dict | None = None, quantization: str | None = None
+) -> torch.nn.Module:
+    """The model at `path`; `config_overrides` are set on its config first (e.g. YaRN rope scaling).
+    `quantization` ("4bit" | "8bit"): loaded through bitsandbytes, on this process's device and
+    prepared for adapter training (models/quantization.py)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     resolved = resolve_model_path(path)
     try:
         kwargs = {}
+        if quantization is not None:
+            from grpo_ray.models.quantization import bitsandbytes_config
+
+            # bitsandbytes quantises while loading, on the device the weights land on.
+            kwargs.update(quantization_config=bitsandbytes_config(quantization, dtype), device_map={"": compute_device()})
         if config_overrides:
             config = AutoConfig.from_pretrained(resolved)
             for name, value in config_overrides.items():
@@ -76,6 +85,10 @@ def load_causal_lm(path: str, dtype: str = "float32", config_overrides: dict | N
         model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"model {path}: cannot load ({_first_line(err)}); check model.path") from None
+    if quantization is not None:
+        from grpo_ray.models.quantization import prepare_for_adapter_training
+
+        model = prepare_for_adapter_training(model)
     return model
 
 

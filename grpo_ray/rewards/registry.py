@@ -10,6 +10,15 @@ The reward contract (as TRL's): ``fn(completions, prompts, answers, **row_fields
 ``float | None`` per completion; None means "could not score", which the reward pool counts as a
 failure, never as 0. Functions must accept and ignore unknown keyword arguments.
 
+Functions written for TRL's GRPOTrainer work unchanged: every argument is passed by keyword
+(``completions=``, ``prompts=``, ``answers=``, each row field by its name), so
+``fn(completions, **kwargs)`` and ``fn(prompts, completions, answer, **kwargs)`` bind as in TRL.
+A function that does not name ``answers`` (TRL's style) also gets TRL's names: ``answer`` (the
+reference answers, unless the row has its own ``answer`` field) and ``completion_ids`` (token ids
+of each completion, where the caller has them). Completions and prompts are plain strings, as TRL
+passes them for a standard (not conversational) dataset. A function whose leading parameters
+have other names (``fn(c, p, a, **kw)``) gets completions, prompts and answers positionally.
+
 A spec is one of:
     * a built-in name: a key of ``BUILTIN_REWARDS`` ("exact_match", "math", "gsm8k", ...);
     * ``package.module:function`` (an importable module);
@@ -65,6 +74,9 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
 
 # Contract arguments: passed by the caller on every call, so never bindable as options.
 _CONTRACT_ARGS = ("completions", "prompts", "answers")
+# TRL's names for what grpo-ray passes otherwise: given to functions written in TRL's style (see
+# the module docstring), and, like the contract arguments, never bindable as options.
+_TRL_ARGS = ("answer", "completion_ids")
 
 
 class RewardSpecError(ValueError):
@@ -165,7 +177,7 @@ def _check_options(spec: str, fn: RewardFn, options: dict[str, Any]) -> None:
     accepted = [
         name
         for name, parameter in parameters.items()
-        if name not in _CONTRACT_ARGS
+        if name not in _CONTRACT_ARGS + _TRL_ARGS
         and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
     ]
     for option in options:
@@ -258,7 +270,59 @@ def score_completions(
         raise ValueError(
             f"{len(completions)} completions, {len(prompts)} prompts and {len(answers)} answers"
         )
-    result = fn(completions, prompts, answers, **row_fields)
+    args, kwargs = contract_arguments(fn, completions, prompts, answers, row_fields)
+    result = fn(*args, **kwargs)
     if inspect.iscoroutine(result):
         result = asyncio.run(result)
     return _validate_scores(fn, result, len(completions))
+
+
+def contract_arguments(
+    fn: RewardFn, completions: list[str], prompts: list[str], answers: list[str], row_fields: dict[str, list]
+) -> tuple[tuple, dict[str, Any]]:
+    """(positional, keyword) arguments for one call of ``fn``: the one place that decides them.
+
+    Everything goes by keyword, so grpo-ray's ``fn(completions, prompts, answers, **row_fields)``
+    and TRL's ``fn(completions, **kwargs)`` both bind. ``completion_ids`` in ``row_fields`` is a
+    TRL argument (token ids), passed only to TRL-style functions or ones that name it.
+
+    >>> def trl_style(completions, **kwargs): ...
+    >>> args, kwargs = contract_arguments(trl_style, ["a"], ["p"], ["1"], {"level": [3]})
+    >>> args, sorted(kwargs)
+    ((), ['answer', 'answers', 'completions', 'level', 'prompts'])
+    >>> def other_names(c, p, a, **row_fields): ...
+    >>> contract_arguments(other_names, ["a"], ["p"], ["1"], {})
+    ((['a'], ['p'], ['1']), {})
+    """
+    # Token ids are TRL's argument, not a dataset field: only functions that take it get it.
+    fields = {name: values for name, values in row_fields.items() if name != "completion_ids"}
+    # The contract's own arguments win over row fields of the same name.
+    kwargs: dict[str, Any] = {**fields, "completions": completions, "prompts": prompts, "answers": answers}
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no introspectable signature: the positional contract
+        return (completions, prompts, answers), fields
+    # Required positional parameters under other names than ours ("fn(c, p, a, **kw)", the
+    # positional contract of old) take the contract arguments in order, as they always did.
+    unnamed = [
+        name
+        for name, p in parameters.items()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty and name not in kwargs
+    ][: len(_CONTRACT_ARGS)]
+    if unnamed and not any(name in parameters for name in _CONTRACT_ARGS):
+        return tuple(kwargs.pop(name) for name in _CONTRACT_ARGS[: len(unnamed)]), kwargs
+    trl_style = "answers" not in parameters
+    trl_values = {"answer": answers, "completion_ids": row_fields.get("completion_ids")}
+    for name, value in trl_values.items():
+        if value is not None and (trl_style or name in parameters) and name not in kwargs:
+            kwargs[name] = value
+    return (), kwargs
+
+
+def takes_completion_ids(fn: RewardFn) -> bool:
+    """Whether ``fn`` is given ``completion_ids`` (so the caller should gather them).
+
+    >>> takes_completion_ids(BUILTIN_REWARDS["exact_match"])
+    False
+    """
+    return "completion_ids" in contract_arguments(fn, [], [], [], {"completion_ids": []})[1]

@@ -159,6 +159,8 @@ class SandboxedScorer:
         self.names = [spec for spec, _ in functions]
         self.timeout_s = timeout_s
         self.restarts = 0  # children replaced after a timeout, a crash, or found dead
+        # Whether any function takes TRL's completion_ids (known once the children are ready).
+        self.wants_completion_ids = False
         self._functions = [(spec, dict(options or {})) for spec, options in functions]
         self._memory_limit_mb = memory_limit_mb
         self._start_timeout_s = start_timeout_s
@@ -368,6 +370,7 @@ class SandboxedScorer:
         if child.state == "starting":
             if kind == "ready":
                 child.state = "idle"
+                self.wants_completion_ids = any(value)
             else:
                 _kill(child.process)
                 child.state, child.error, child.spec_error = "broken", value, True

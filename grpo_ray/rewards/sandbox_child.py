@@ -18,7 +18,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from grpo_ray.rewards.registry import RewardSpecError, _one_line, load_reward_function, score_completions
+from grpo_ray.rewards.registry import RewardSpecError, _one_line, load_reward_function, score_completions, takes_completion_ids
 
 # How often a busy child checks that its parent is still alive.
 _ORPHAN_POLL_S = 1.0
@@ -61,7 +61,8 @@ def child_main(
     except Exception as error:  # noqa: BLE001 - reported to the constructor, which raises
         conn.send(("error", str(error) if isinstance(error, RewardSpecError) else _one_line(error)))
         return
-    conn.send(("ready", os.getpid()))
+    # Which functions take token ids (TRL's completion_ids): the parent sends them only then.
+    conn.send(("ready", [takes_completion_ids(fn) for fn in loaded]))
     while True:
         try:
             index, completions, prompts, answers, row_fields = conn.recv()

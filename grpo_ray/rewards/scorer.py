@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpo_ray.rewards import load_reward_function, score_completions
+from grpo_ray.rewards.registry import takes_completion_ids
 
 # (scores [N], first error) of one function over a batch of N rows.
 FunctionResult = tuple[list[float | None], str | None]
@@ -49,19 +50,27 @@ class RowScorer:
         self.num_functions = len(functions)
 
     @property
+    def wants_completion_ids(self) -> bool:
+        """Whether a function takes TRL's completion_ids (the caller gathers them only then)."""
+        if self.sandbox is not None:
+            return self.sandbox.wants_completion_ids
+        return any(takes_completion_ids(fn) for fn in self.loaded)
+
+    @property
     def restarts(self) -> int:
         """Sandbox children replaced so far (after a crash or a timeout)."""
         return self.sandbox.restarts if self.sandbox is not None else 0
 
     def score(self, completions: list[str], prompts: list[str], answers: list[str],
-              row_fields: dict[str, list]) -> list[FunctionResult]:
-        """(scores [N], first error) of every function, in constructor order."""
+              row_fields: dict[str, list], functions: list[int] | None = None) -> list[FunctionResult]:
+        """(scores [N], first error) of each of `functions` (constructor indices; default all), in that order."""
         batch: Batch = (completions, prompts, answers, row_fields)
+        indices = list(range(self.num_functions)) if functions is None else list(functions)
         if self.sandbox is not None:
-            first = [(r.scores, r.error) for r in self.sandbox.score_many(*batch)]
+            first = [(r.scores, r.error) for r in self.sandbox.score_many(*batch, functions=indices)]
         else:
-            first = [self._call_in_process(index, *batch) for index in range(self.num_functions)]
-        return [self._isolate_failures(index, batch, scores, error) for index, (scores, error) in enumerate(first)]
+            first = [self._call_in_process(index, *batch) for index in indices]
+        return [self._isolate_failures(index, batch, scores, error) for index, (scores, error) in zip(indices, first)]
 
     def _isolate_failures(self, index: int, batch: Batch, scores: list, error: str | None) -> FunctionResult:
         """Score the rows a failed batch call left unscored one at a time."""

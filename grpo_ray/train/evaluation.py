@@ -7,6 +7,7 @@ import numpy as np
 from grpo_ray.cluster.dispatch import CallFailed, evaluation_refs, score_slices
 from grpo_ray.config import StagePlan
 from grpo_ray.rewards.accuracy import mean_accuracy
+from grpo_ray.rewards.by_source import eval_source_accuracies
 from grpo_ray.train.run import Run, in_phase
 from grpo_ray.types import SamplingSettings, ScoredSlice
 
@@ -24,9 +25,12 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     with in_phase("evaluation"):
         scored = _scored_samples(run, sampling)
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
+    # With reward.by_source each row's accuracy is its own source's first function (rewards/by_source.py).
+    first = "accuracy" if "accuracy" in scored[0].per_function else first
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = mean_accuracy(scores)
-    run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored])))})
+    run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
+                                   **eval_source_accuracies([s.per_function for s in scored])})
     return accuracy
 
 

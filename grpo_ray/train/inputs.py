@@ -15,6 +15,7 @@ from grpo_ray.data.loaders import DataError, Row, check_data_path, load_rows
 from grpo_ray.data.selection import in_difficulty_band, split_validation, with_instruction
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.models.loading import check_model_path, load_tokenizer
+from grpo_ray.models.reference_vocab import check_reference_tokenizer
 from grpo_ray.types import Probe, Prompt
 
 
@@ -22,7 +23,7 @@ from grpo_ray.types import Probe, Prompt
 class RunInputs:
     train_prompts: list[Prompt]
     eval_prompts: list[Prompt]
-    probe: Probe
+    probe: Probe | None  # None under model.quantization (see prepare_inputs)
     pad_id: int  # the tokenizer's padding id (assembled slices are padded with it)
     skipped_rows: int  # rows without a usable prompt or answer
     dropped_too_long: int  # prompts over data.max_prompt_tokens
@@ -38,6 +39,8 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     for spec in cfg.data.eval_files:
         check_data_path(spec, "data.eval_files")
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
+    # Before any actor starts: a reference with other token ids would make the KL noise.
+    check_reference_tokenizer(tokenizer, cfg.reference.model_path, cfg.reference.tokenizer)
 
     def read(files: tuple[str, ...]) -> tuple[list[Row], int]:
         rows, skipped = [], 0
@@ -69,7 +72,9 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     return RunInputs(
         train_prompts=train,
         eval_prompts=evaluation,
-        probe=make_probe(train[0], tokenizer),
+        # model.quantization: the learner's base is quantised and the engine's is not, so their
+        # log-probs differ by the quantisation error and the probe would stop the run; off.
+        probe=None if cfg.model.quantization else make_probe(train[0], tokenizer),
         pad_id=int(tokenizer.pad_token_id),  # load_tokenizer sets one when the model has none
         skipped_rows=skipped + eval_skipped,
         dropped_too_long=dropped + eval_dropped,

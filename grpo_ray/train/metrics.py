@@ -37,7 +37,10 @@ def generation_metrics(rows: StepRows) -> dict[str, float]:
         label = function_label(name)
         metrics[f"reward/{label}/mean"] = _mean(values)
         metrics[f"reward/{label}/std"] = _std(values)
-        metrics[f"reward/{label}/failures"] = float((~np.isfinite(values)).sum())
+        failed = ~np.isfinite(values)
+        if "accuracy" in rows.per_function:  # reward.by_source (rewards/by_source.py): a NaN score
+            failed &= ~np.isfinite(rows.rewards)  # on a row with a finite total is another source's row
+        metrics[f"reward/{label}/failures"] = float(failed.sum())
     return metrics
 
 

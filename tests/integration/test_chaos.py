@@ -8,7 +8,6 @@ thread), reads the driver's phase (train/run.py current_phase) and finds the wor
 title Ray gives it ("ray::RolloutWorker.generate" while it generates, "ray::RolloutWorker" idle).
 """
 
-import os
 import random
 import signal
 import threading

@@ -258,3 +258,32 @@ def test_a_nan_loss_skips_the_update_and_a_checkpoint_restores_model_and_optimiz
     finally:
         ray.kill(learner)
         placement.remove()
+
+
+@pytest.mark.parametrize("kind", ["4bit", "8bit"])
+def test_quantized_base_trains_only_the_adapter(local_ray, step_batch, kind):
+    """QLoRA / 8-bit: one real update over a bitsandbytes base (its CPU backend here): the policy's
+    log-probs move, every base weight stays as loaded (so the adapter moved), and a sync plans the
+    adapter alone."""
+    pytest.importorskip("bitsandbytes")  # the optional [quant] extra
+    batch, _, advantages, _ = step_batch
+    cfg = make_cfg(model={"quantization": kind, "lora": {"enabled": True, "rank": 4, "alpha": 8.0}})
+    placement, learners = start_learner_group(local_ray, cfg)
+    try:
+        learner = learners[0]
+        before = local_ray.get(learner.parameters_snapshot.remote())
+        scored_before = local_ray.get(learner.score.remote(batch.input_ids, batch.attention_mask))
+        local_ray.get(learner.train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        after = local_ray.get(learner.parameters_snapshot.remote())
+        scored_after = local_ray.get(learner.score.remote(batch.input_ids, batch.attention_mask))
+        specs, _ = local_ray.get(learner.weight_plan.remote(1 << 20, True))
+    finally:
+        local_ray.kill(learners[0])
+        placement.remove()
+    assert before.keys() == after.keys() and before
+    worst = max(float(np.abs(after[n] - before[n]).max()) for n in before)
+    assert worst == 0.0, f"the quantised base moved by {worst:.2e}; it must stay frozen"
+    moved = float(np.abs(scored_after - scored_before).max())
+    assert moved > 1e-5, f"the adapter's update must change the policy (log-probs moved {moved:.2e})"
+    names = [spec.name for spec in specs]
+    assert names and all("lora_" in name for name in names), names

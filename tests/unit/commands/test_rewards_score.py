@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from grpo_ray.cli import main
 from grpo_ray.config import load_config
 from grpo_ray.data.loaders import DataError
+from grpo_ray.rewards.by_source import RewardPlan
+from grpo_ray.rewards.scorer import RowScorer
 from grpo_ray.commands.rewards_score import (
-    RowScorer,
     ScoringRow,
-    function_names,
     read_scoring_rows,
     row_fields_of,
     score_rows,
@@ -154,7 +154,10 @@ def test_rows_that_time_out_fail_and_retries_stop_after_three_timeouts(files):
 
 
 def test_repeated_specs_get_distinct_names():
-    assert function_names(["format", "math", "format", "format"]) == ["format", "math", "format#2", "format#3"]
+    # The same spec with other options is another function: "#2", "#3"; with the same, the same one.
+    entries = [("format", 1.0, {}), ("math", 1.0, {}), ("format", 1.0, {"pattern": "a"}), ("format", 1.0, {"pattern": "b"})]
+    plan = RewardPlan.build(entries + [("format", 2.0, {})])
+    assert [f.key for f in plan.functions] == ["format", "math", "format#2", "format#3"]
 
 
 def test_scoring_row_default_prompt_is_empty():

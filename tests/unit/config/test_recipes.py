@@ -35,7 +35,8 @@ def total_gpus(cfg) -> float:
 
 
 def test_the_expected_recipes_are_shipped():
-    assert {"tiny.yaml", "polaris.yaml", "polaris-7b.yaml", "gsm8k.yaml"} <= {p.name for p in RECIPES}
+    assert {"tiny.yaml", "polaris.yaml", "polaris-7b.yaml", "gsm8k.yaml", "gsm8k-lora-zero2.yaml", "gsm8k-ref7b.yaml",
+            "tldr.yaml"} <= {p.name for p in RECIPES}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=recipe_id)
@@ -147,6 +148,67 @@ def test_gsm8k_recipe():
     assert spec.name == "gsm8k"
     fn = load_reward_function(spec.name, spec.options)
     assert fn(["6 + 6 = 12\n#### 12", "#### 13"], ["", ""], ["12", "12"]) == [1.0, 0.0]
+
+
+# ---- the founding setups ---------------------------------------------------------------------------
+
+
+def test_gsm8k_lora_zero2_recipe():
+    cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml")
+    lora, ln, plan = cfg.model.lora, cfg.learner, plan_batches(cfg)
+    assert cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and cfg.model.dtype == "float16"
+    assert (lora.enabled, lora.rank, lora.alpha, lora.dropout) == (True, 16, 32.0, 0.1)
+    assert lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert (ln.lr, ln.grad_clip, ln.zero_stage) == (5e-5, 1.0, 2)
+    # 4 completions per device x 8 accumulation x 2 GPUs.
+    assert (plan.micro_batch_size, plan.grad_accum_steps, ln.num_workers) == (4, 8, 2)
+    assert total_gpus(cfg) == 2 and cfg.weight_sync.lora_adapter_only
+    # Reward 0.7 x think tags + 0.3 x unique characters; gsm8k at weight 0 is the accuracy.
+    accuracy, reward = cfg.reward.functions
+    assert (accuracy.name, accuracy.weight, reward.name, reward.weight) == ("gsm8k", 0.0, "think_tag_diversity", 1.0)
+    fn = load_reward_function(reward.name, reward.options)
+    # "<think>ab</think>": tags 0.7 + 0.3 x 10 distinct (< t h i n k > a b /) of 17 characters.
+    assert fn(["<think>ab</think>"], [""], [""]) == [pytest.approx(0.7 + 0.3 * 10 / 17)]
+
+
+def test_gsm8k_ref7b_recipe():
+    cfg = load_config(CONFIGS / "gsm8k-ref7b.yaml")
+    assert cfg.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    assert cfg.use_reference and cfg.reference.model_path == "Qwen/Qwen2.5-7B-Instruct"
+    # Each role on a GPU of its own: learner, rollout, reference.
+    gpus = {role.role: role.count * role.num_gpus for role in plan_resources(cfg)}
+    assert (gpus["learner"], gpus["rollout"], gpus["reference"]) == (1, 1, 1) and cfg.placement.colocate == ()
+    accuracy, reward = cfg.reward.functions
+    assert (accuracy.name, accuracy.weight, reward.weight) == ("gsm8k", 0.0, 1.0)
+    shown = CliRunner().invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")]).output
+    assert re.search(r"reference model +yes \(Qwen/Qwen2\.5-7B-Instruct\)", shown)
+    fn = load_reward_function(reward.name, reward.options)
+    # +1 / -1 for the answer, +1.25 / -1 for <think>...</think><answer>...</answer>.
+    completions = ["<think>48+24</think><answer>72</answer>", "72", "<think>x</think><answer>71</answer>", "71"]
+    assert fn(completions, [""] * 4, ["#### 72"] * 4) == [2.25, 0.0, 0.25, -2.0]
+
+
+def test_tldr_recipe():
+    cfg = load_config(CONFIGS / "tldr.yaml")
+    assert cfg.rollout.samples_per_prompt == 8 and cfg.data.train_files == ("trl-lib/tldr",)
+    [spec] = cfg.reward.functions
+    fn = load_reward_function(spec.name, spec.options)
+    # TRL's reward_len: -|20 - characters|.
+    assert fn(["x" * 20, "x" * 25, ""], [""] * 3, [""] * 3) == [0.0, -5.0, -20.0]
+
+
+def test_todo_lines_wait_for_the_other_half_of_issue_21():
+    # Fields of the learning-rate schedule and offload: commented out until they exist.
+    text = (CONFIGS / "gsm8k-lora-zero2.yaml").read_text()
+    todo = re.findall(r"^  # (lr_schedule|warmup_steps|offload_optimizer): ", text, re.M)
+    assert todo == ["lr_schedule", "warmup_steps", "offload_optimizer"]
+
+
+@pytest.mark.parametrize("name", ["gsm8k-lora-zero2.yaml", "gsm8k-ref7b.yaml", "tldr.yaml"])
+def test_founding_recipes_validate(name):
+    result = CliRunner().invoke(main, ["validate", str(CONFIGS / name)])
+    assert result.exit_code == 0, result.output
+    assert "# memory per GPU" in result.output and result.output.rstrip().endswith("ok")
 
 
 # ---- grpo-ray validate ----------------------------------------------------------------------------

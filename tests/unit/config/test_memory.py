@@ -1,0 +1,117 @@
+"""The memory plan of `grpo-ray validate`: the usual arithmetic, worked by hand for Qwen2.5-3B.
+
+Qwen2.5-3B: hidden 2048, 36 layers, MLP 11008, 16 heads of 128, 2 KV heads (k/v width 256),
+vocabulary 151936, tied embeddings, bias on q/k/v. Per layer:
+    q 2048 x 2048 + 2048 = 4,196,352     k, v 2048 x 256 + 256 = 524,544 each
+    o 2048 x 2048 = 4,194,304            MLP 3 x 2048 x 11008 = 67,633,152    norms 2 x 2048
+    = 77,076,992; x 36 = 2,774,771,712
+embeddings 151936 x 2048 = 311,164,928, final norm 2048: P = 3,085,938,688 (the published 3.09 B).
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from grpo_ray.cli import main
+from grpo_ray.config import load_config
+from grpo_ray.config.memory import Architecture, ARCHITECTURES, GIB, find_architecture, learner_memory, memory_plan
+from grpo_ray.models.tiny import ensure_tiny_artifacts
+
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
+P3B = 3_085_938_688
+
+
+def qwen(name: str) -> Architecture:
+    return Architecture.from_config(ARCHITECTURES[name])
+
+
+def test_parameter_counts_match_the_published_sizes():
+    assert qwen("qwen2.5-3b").parameters == P3B
+    # 1.5B: 28 x 46,797,824 + 151936 x 1536 + 1536 = 1,543,714,304 (published 1.54 B).
+    assert qwen("qwen2.5-1.5b").parameters == 1_543_714_304
+    # 7B, untied: 28 x 233,057,792 + 2 x 152064 x 3584 + 3584 = 7,615,616,512 (published 7.62 B).
+    assert qwen("qwen2.5-7b").parameters == 7_615_616_512
+
+
+def test_full_fine_tune_in_bf16_is_16_bytes_per_parameter():
+    # Weights 2 + gradients 2 + Adam (fp32 master 4 + m 4 + v 4) 12 = 16 B/param.
+    memory = learner_memory(P3B, "bfloat16", ranks=1, zero_stage=0)
+    assert (memory.weights, memory.gradients, memory.optimizer, memory.lora) == (2 * P3B, 2 * P3B, 12 * P3B, 0)
+    assert memory.total == 16 * P3B == 49_375_019_008  # 45.98 GiB
+
+
+def test_zero_sharding_and_offload():
+    # ZeRO-2 over 2 ranks: weights whole, gradients and optimizer halved: 2 + 1 + 6 = 9 B/param.
+    assert learner_memory(P3B, "bfloat16", ranks=2, zero_stage=2).total == 9 * P3B
+    # ZeRO-3 shards the weights too: 1 + 1 + 6 = 8 B/param.
+    assert learner_memory(P3B, "bfloat16", ranks=2, zero_stage=3).total == 8 * P3B
+    # ZeRO-1 shards only the optimizer: 2 + 2 + 6 = 10.
+    assert learner_memory(P3B, "bfloat16", ranks=2, zero_stage=1).total == 10 * P3B
+    # Offloaded optimizer state leaves the GPU: 2 + 2.
+    assert learner_memory(P3B, "bfloat16", ranks=1, zero_stage=2, offload_optimizer=True).total == 4 * P3B
+    # float32 weights are their own master copy: 4 + 4 + 8 = 16.
+    assert learner_memory(P3B, "float32", ranks=1, zero_stage=0).total == 16 * P3B
+
+
+def test_lora_r32_on_the_attention_projections():
+    # Per layer r x (in + out): q 32 x 4096, k 32 x 2304, v 32 x 2304, o 32 x 4096 = 409,600; x 36.
+    lora = qwen("qwen2.5-3b").lora_parameters(32, ("q_proj", "k_proj", "v_proj", "o_proj"))
+    assert lora == 14_745_600
+    memory = learner_memory(P3B, "bfloat16", ranks=1, zero_stage=0, lora_parameters=lora)
+    # Frozen base 2 B/param, no gradients or optimizer for it; the adapter 2 + 2 + 12 = 16 B/param.
+    assert (memory.weights, memory.gradients, memory.optimizer) == (2 * P3B, 0, 0)
+    assert memory.lora == 16 * lora == 235_929_600
+    # QLoRA: the base at 0.5 B/param (4bit), 1 (8bit).
+    assert learner_memory(P3B, "bfloat16", 1, 0, lora, quantization="4bit").weights == P3B / 2
+    assert learner_memory(P3B, "bfloat16", 1, 0, lora, quantization="8bit").weights == P3B
+
+
+def test_kv_cache_bytes_per_token():
+    # 2 (k and v) x 36 layers x 2 KV heads x 128 x 2 bytes = 36,864 B.
+    assert qwen("qwen2.5-3b").kv_bytes_per_token(2) == 36_864
+
+
+def test_the_tiny_table_entry_is_the_built_tiny_model():
+    config = json.loads((ensure_tiny_artifacts().model_dir / "config.json").read_text())
+    assert Architecture.from_config(config) == find_architecture("tiny")
+
+
+def test_hub_ids_resolve_through_the_table_and_unknown_ones_say_so():
+    assert find_architecture("Qwen/Qwen2.5-3B-Instruct") == qwen("qwen2.5-3b")
+    assert find_architecture("someone/unknown-9b") is None
+    lines, warnings = memory_plan(load_config(CONFIGS / "tiny.yaml", ["model.path=someone/unknown-9b"]), 80)
+    assert "unknown size of someone/unknown-9b" in lines[0] and warnings == []
+
+
+def test_validate_warns_when_a_role_exceeds_the_gpu():
+    # gsm8k-ref7b: the 3B full fine-tune needs 45.98 GiB on its one GPU.
+    runner = CliRunner()
+    roomy = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")])
+    assert roomy.exit_code == 0 and "warning" not in roomy.output
+    assert re.search(r"learner +weights 5\.75 GiB +gradients 5\.75 GiB +optimizer 34\.49 GiB .*total 45\.98 GiB", roomy.output)
+    # The 7B reference in bf16: 2 x 7,615,616,512 B = 14.19 GiB.
+    assert re.search(r"reference +weights 14\.19 GiB", roomy.output)
+    small = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--gpu-memory-gb", "40"])
+    assert small.exit_code == 0
+    assert "warning: learner needs 45.98 GiB per GPU, more than --gpu-memory-gb 40" in small.output
+
+
+def test_colocated_roles_are_added_up():
+    # gsm8k-lora-zero2: learner 2.94 GiB + hf rollout 2.89 GiB on each 8 GB GPU fits; on 4 it does not.
+    cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml")
+    assert memory_plan(cfg, 8)[1] == []
+    [warning] = memory_plan(cfg, 4)[1]
+    assert warning.startswith("learner + rollout share a GPU and need 5.8") and "--gpu-memory-gb 4" in warning
+
+
+@pytest.mark.parametrize("gb", ["0", "-1"])
+def test_gpu_memory_must_be_positive(gb):
+    result = CliRunner().invoke(main, ["validate", str(CONFIGS / "tiny.yaml"), "--gpu-memory-gb", gb])
+    assert result.exit_code == 2
+
+
+def test_gib_is_two_to_the_thirty():
+    assert GIB == 1 << 30
