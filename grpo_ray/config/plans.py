@@ -171,6 +171,9 @@ def check_config(cfg: Config) -> None:
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
     _check_placement(cfg)
+    from grpo_ray.config.training_plan import check_training  # it imports this module
+
+    check_training(cfg)
 
 
 def _check_placement(cfg: Config) -> None:
