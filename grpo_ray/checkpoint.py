@@ -53,6 +53,8 @@ class TrainerState:
     last_metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False  # written after the last step: nothing left to train
     reference_saved: bool = False
+    # KLController.state_dict() (algorithm.kl_controller); None in checkpoints written before it existed.
+    kl_controller: dict[str, Any] | None = None
 
 
 def recipe_hash(config_dict: dict[str, Any]) -> str:

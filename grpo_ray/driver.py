@@ -32,6 +32,7 @@ import numpy as np
 import ray
 
 from grpo_ray import interrupts
+from grpo_ray.algo.kl_control import KLController
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.checkpoint import TrainerState, latest_checkpoint, read_state, recipe_hash, resume_point, set_aside, write_checkpoint
 from grpo_ray.cluster.actors import ClusterError, error_line
@@ -171,6 +172,8 @@ class Run:
                                     policy_version=lambda: self.sync.version)
         self.output_dir = Path(self.cfg.output_dir)
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
+        a = self.cfg.algorithm
+        self.kl = KLController(a.kl_controller, a.kl_coef, a.kl_target, a.kl_horizon)  # the coefficient of each step
 
 
 @dataclass
@@ -285,6 +288,7 @@ def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
         accuracy={str(step): value for step, value in progress.accuracy.items()},
         skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
         last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
+        kl_controller=run.kl.state_dict(),
     )
 
     def write_parts(folder: Path) -> None:
@@ -307,6 +311,8 @@ def _restore(run: Run, folder: Path, state: TrainerState) -> Progress:
         calls.append(workers.reference.load_saved_weights.remote(str(folder / "reference")))
     ray.get(calls)
     run.builder.load_state_dict(state.builder, run.inputs.train_prompts)
+    if state.kl_controller is not None:
+        run.kl.load_state_dict(state.kl_controller)
     run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
     return Progress(
         step=state.step, stage_index=state.stage_index,
@@ -351,9 +357,10 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
     train, ref_refs, extra = batch.train, None, {}
+    kl_coef = run.kl.coef  # algorithm.kl_controller: this step's coefficient
     with timer("reference"):
         if workers.reference is not None and cfg.algorithm.kl_placement == "reward":
-            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(cfg, workers, payloads, train, stage.temperature)
+            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(cfg, workers, payloads, train, stage.temperature, kl_coef)
         elif workers.reference is not None:
             ref_refs = [[workers.reference.logprobs.remote(ref, stage.temperature) for ref in refs] for refs in payloads]
             ray.wait([r for refs in ref_refs for r in refs], num_returns=sum(map(len, ref_refs)), fetch_local=False)
@@ -364,12 +371,17 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         # and generate while this one trains.
         room = prefetch_room(cfg, stage, step, len(run.builder.pending))
         stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
-                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room))
+                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room),
+                           kl_coef=kl_coef if cfg.algorithm.kl_placement == "loss" else None)
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0
         synced = run.sync.sync(step, run.inputs.probe if probe_due else None, cfg.weight_sync.probe_tolerance)
     metrics = step_metrics(batch.generated, stats, synced, timer.seconds, time.perf_counter() - started)
+    if workers.reference is not None:  # the KL the penalty used moves the next step's coefficient
+        extra["kl/coef"] = kl_coef
+        observed = extra.get("kl/reward_penalty_kl", metrics.get("actor/kl", float("nan")))
+        run.kl.update(observed, int((train.row_weights > 0).sum()))
     return {**metrics, **batch.metrics, **extra}
 
 
