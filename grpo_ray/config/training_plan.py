@@ -36,7 +36,8 @@ def check_training(cfg: Config) -> None:
     for index, segment in enumerate(plan_lr_segments(cfg)):
         if lr.min_lr > segment.peak_lr:
             where = "learner.lr" if index == 0 else "the lr of a stage"
-            raise ConfigError(f"learner.min_lr: {lr.min_lr:g} is above {where} ({segment.peak_lr:g}); the floor must be <= the peak")
+            raise ConfigError(
+                f"learner.min_lr: {lr.min_lr:g} is above {where} ({segment.peak_lr:g}); the floor must be <= the peak")
     if lr.offload_optimizer is not None and lr.zero_stage == 0:
         raise ConfigError("learner.offload_optimizer: optimizer offload is part of ZeRO; set learner.zero_stage to 1, 2 or 3")
     if lr.offload_params is not None and lr.zero_stage != 3:
