@@ -27,6 +27,7 @@ from functools import wraps  # noqa: E402
 import click  # noqa: E402
 import yaml  # noqa: E402
 
+from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments  # noqa: E402
 from grpo_ray.config import (  # noqa: E402
     ConfigError,
     config_to_dict,
@@ -119,6 +120,9 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None) -> No
         "rescue": cfg.polaris.rescue, "drop-easy": cfg.polaris.drop_easy_threshold is not None,
     }
     click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
+    click.echo("\n# learning rate (learner.lr_schedule; actor/lr in MLflow)")
+    for line in describe_lr_segments(plan_lr_segments(cfg)):
+        click.echo(line)
     address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         missing = _check_against_cluster(cfg, address)

@@ -49,3 +49,12 @@ def check_training(cfg: Config) -> None:
             "reward.normalize: polaris.rescue and polaris.drop_easy_threshold compare raw rewards with thresholds, "
             "which normalised rewards break; turn one of them off"
         )
+
+
+def describe_lr_segments(segments: tuple[LrSegment, ...]) -> list[str]:
+    """One line per schedule for `grpo-ray validate`."""
+    return [
+        f"steps {s.first_step}-{s.last_step}  {s.kind}  lr {s.peak_lr:g}  warmup {s.warmup_steps} steps"
+        + ("" if s.kind == "constant" else f"  min_lr {s.min_lr:g}")
+        for s in segments
+    ]

@@ -62,3 +62,15 @@ def test_the_switches_load_together():
         "reward": {"clip": [-1, 1], "normalize": "running"},
     })
     assert cfg.reward.clip == (-1.0, 1.0) and cfg.learner.offload_params == "cpu"
+
+
+def test_validate_prints_each_lr_schedule():
+    from click.testing import CliRunner
+
+    from grpo_ray.cli import main
+
+    result = CliRunner().invoke(main, ["validate", "configs/tiny.yaml", "--set", "learner.lr_schedule=cosine",
+                                       "--set", "learner.warmup_ratio=0.1", "--set", "learner.min_lr=1e-6"])
+    assert result.exit_code == 0, result.output
+    # tiny.yaml: 800 steps at lr 1e-4; warmup ceil(0.1 x 800) = 80.
+    assert "steps 1-800  cosine  lr 0.0001  warmup 80 steps  min_lr 1e-06" in result.output.split("# learning rate", 1)[1]
