@@ -9,6 +9,10 @@ three other agents loaded this one): it is built into the checkout's .cache/torc
 import numpy as np
 import pytest
 
+from grpo_ray.cluster.actors import reserve
+from grpo_ray.cluster.roles import setup_learners, start_learners
+from grpo_ray.config import RoleResources, plan_batches
+
 from .test_learner_and_sync import make_cfg, shard_for, start_learner_group, step_batch  # noqa: F401 - fixture
 
 LR = 1e-3  # make_cfg's learner.lr
@@ -99,3 +103,30 @@ def test_bf16_trains_and_the_sync_sends_bf16(local_ray, step_batch):
     assert stats.metrics["update/skipped"] == 0.0 and np.isfinite(stats.metrics["loss/total"])
     assert max_diff(before, after) > 1e-4
     assert {spec.dtype for spec in specs} == {"bfloat16"}
+
+
+def _cpu_has_fp16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:  # noqa: BLE001 - torch builds without the op: no fp16 either
+        return False
+
+
+@pytest.mark.skipif(_cpu_has_fp16(), reason="this CPU trains fp16 (AVX512-FP16/AMX-FP16): nothing is refused")
+def test_fp16_on_a_cpu_without_fp16_is_refused_in_one_line_naming_the_field(local_ray):
+    # DeepSpeed's CPU accelerator refuses fp16 ("Type fp16 is not supported on your device") on
+    # CPUs without AVX512-FP16/AMX-FP16, this one included: the learner says what to change.
+    cfg = make_cfg(model={"dtype": "float16"}, learner={"zero_stage": 2})
+    resources = RoleResources("learner", 1, cfg.learner.num_cpus, 0)
+    placement = reserve([resources], 60)
+    learners = start_learners(cfg, plan_batches(cfg), placement, resources)
+    try:
+        with pytest.raises(Exception, match=r"model\.dtype: float16: DeepSpeed cannot train fp16 on this learner's device") as err:
+            setup_learners(learners)
+    finally:
+        for actor in learners:
+            local_ray.kill(actor)
+        placement.remove()
+    assert "use bfloat16 or float32, or give the learners GPUs (learner.num_gpus)" in str(err.value)
