@@ -28,6 +28,7 @@ import click  # noqa: E402
 import yaml  # noqa: E402
 
 from grpo_ray.config.memory import memory_plan  # noqa: E402
+from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments  # noqa: E402
 from grpo_ray.config import (  # noqa: E402
     ConfigError,
     config_to_dict,
@@ -130,6 +131,9 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_m
         click.echo(line)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
+    click.echo("\n# learning rate (learner.lr_schedule; actor/lr in MLflow)")
+    for line in describe_lr_segments(plan_lr_segments(cfg)):
+        click.echo(line)
     address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
     if address:
         missing = _check_against_cluster(cfg, address)

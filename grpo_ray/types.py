@@ -194,6 +194,7 @@ class LearnerShard:
     global_sequences: int  # completions in the whole step
     temperature: float  # sampling temperature: learner log-probs use logits / temperature
     norm_length: float  # seq-mean-token-sum-norm's constant: the stage's max_new_tokens
+    kl_coef: float | None = None  # this step's KL coefficient (algorithm.kl_controller); None: the recipe's
 
 
 @dataclass(frozen=True)

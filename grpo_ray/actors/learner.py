@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, loss_scale
 from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
+from grpo_ray.algo.schedules import LrSegment, schedule_lr
 from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     bucket_storage,
@@ -75,6 +77,13 @@ class LearnerSettings:
     gradient_checkpointing: bool = False
     share_prompts: bool = True
     quantization: str | None = None  # model.quantization: "4bit" | "8bit" base under the LoRA adapter
+    # The LR of every step (grpo_ray.config.plan_lr_segments); empty: lr throughout.
+    lr_segments: tuple[LrSegment, ...] = ()
+    offload_optimizer: str | None = None
+    offload_params: str | None = None
+    loss_scale: float = 0.0
+    initial_scale_power: int = 16
+    loss_scale_window: int = 1000
 
 
 class LearnerWorker:
@@ -114,22 +123,17 @@ class LearnerWorker:
         if s.lora_enabled:
             model = apply_lora(model, s.lora_rank, s.lora_alpha, s.lora_dropout, s.lora_target_modules)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        # torch's AdamW as the client optimizer: DeepSpeedCPUAdam compiles for ~45 s on first use.
-        optimizer = SkipNonFiniteAdamW(trainable, lr=s.lr, betas=s.betas, weight_decay=s.weight_decay)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": s.micro_batch_size,
-            "gradient_accumulation_steps": s.grad_accum_steps,
-            "train_batch_size": s.micro_batch_size * s.grad_accum_steps * self.world_size,
-            "zero_optimization": {"stage": s.zero_stage},
-            "gradient_clipping": s.grad_clip,
-            "bf16": {"enabled": s.dtype == "bfloat16"},
-            "fp16": {"enabled": s.dtype == "float16"},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-            # SkipNonFiniteAdamW is torch.optim.AdamW with a guard; DeepSpeed checks the class by name.
-            "zero_allow_untested_optimizer": True,
-        }
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        optimizer = build_optimizer(s, trainable)
+        try:
+            self.engine, self.optimizer, _, _ = deepspeed.initialize(
+                model=model, optimizer=optimizer, config=deepspeed_config(s, self.world_size))
+        except ValueError as err:
+            if "fp16 is not supported" not in str(err):
+                raise
+            raise ValueError(
+                "model.dtype: float16: DeepSpeed cannot train fp16 on this learner's device (a CPU without "
+                "AVX512-FP16/AMX-FP16); use bfloat16 or float32, or give the learners GPUs (learner.num_gpus)"
+            ) from None
         self.engine.checkpoint_engine = _safe_checkpoint_engine()
         self.tokenizer = load_tokenizer(s.tokenizer_path)
 
@@ -147,6 +151,7 @@ class LearnerWorker:
         here, on the learner, and the driver never holds them.
         """
         started = time.perf_counter()
+        lr = self._set_lr(shard.step)
         skipped_before = self.engine.skipped_steps
         k = len(shard.advantages)
         slices: list[RolloutSlice] = list(payload[:k])
@@ -170,6 +175,9 @@ class LearnerWorker:
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
+        metrics["actor/lr"] = lr
+        if self.engine.fp16_enabled() and (scale := loss_scale(self.engine.optimizer)) is not None:
+            metrics["actor/loss_scale"] = scale
         in_loss = np.concatenate(shard.row_weights) > 0
         metrics["update/stale_rows"] = float(stale[in_loss].mean()) if in_loss.any() else 0.0
         grad_norm = self.engine.get_global_grad_norm()
@@ -195,7 +203,8 @@ class LearnerWorker:
             logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb["advantages"],
             mask=mb["completion_mask"] * mb["row_weights"][:, None],
             clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
-            ref_logprobs=mb.get("ref_logprobs"), kl_coef=s.kl_coef, kl_estimator=s.kl_estimator,
+            ref_logprobs=mb.get("ref_logprobs"), kl_estimator=s.kl_estimator,
+            kl_coef=s.kl_coef if shard.kl_coef is None else shard.kl_coef,  # algorithm.kl_controller's
             entropy=entropy, entropy_coef=s.entropy_coef, is_weights=is_weights,
             aggregation=s.loss_aggregation, norm_length=shard.norm_length,
             global_tokens=shard.global_tokens, global_sequences=float(shard.global_sequences),
@@ -206,6 +215,14 @@ class LearnerWorker:
         if first_pass:
             metrics.update(mismatch_stats(logprobs.detach(), mb["rollout_logprobs"], mb["completion_mask"]))
         return metrics
+
+    def _set_lr(self, step: int) -> float:
+        """Set the LR of step `step` on every parameter group (DeepSpeed's ZeRO and fp16 wrappers
+        share their inner optimizer's groups); a pure function of the step, so resume is exact."""
+        lr = schedule_lr(step, self.settings.lr_segments) if self.settings.lr_segments else self.settings.lr
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     @torch.no_grad()
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -321,25 +338,6 @@ class LearnerWorker:
                 self.tokenizer.save_pretrained(path)
                 return path
         return None
-
-
-class SkipNonFiniteAdamW(torch.optim.AdamW):
-    """AdamW that leaves the weights alone when a gradient is NaN or infinite.
-
-    Without ZeRO, DeepSpeed hands the step straight to the client optimizer, which would write the
-    NaNs into the weights; it reads `overflow` afterwards and counts the step as skipped (as its
-    ZeRO optimizers do on their own).
-    """
-
-    overflow = False
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self.overflow = bool(grads) and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-        if self.overflow:
-            return None
-        return super().step(closure)
 
 
 def _safe_checkpoint_engine():

@@ -16,7 +16,7 @@ from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import LoraShape, RolloutWorker, RolloutWorkerSettings
 from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_resources, syncs_lora_adapter
+from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_lr_segments, plan_resources, syncs_lora_adapter
 
 
 @dataclass
@@ -114,6 +114,12 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         gradient_checkpointing=lr.gradient_checkpointing,
         share_prompts=lr.share_prompts,
         quantization=cfg.model.quantization,
+        lr_segments=plan_lr_segments(cfg),
+        offload_optimizer=lr.offload_optimizer,
+        offload_params=lr.offload_params,
+        loss_scale=lr.loss_scale,
+        initial_scale_power=lr.initial_scale_power,
+        loss_scale_window=lr.loss_scale_window,
     )
 
 

@@ -25,6 +25,7 @@ from grpo_ray.config.plans import (
     plan_stages,
     total_steps,
 )
+from grpo_ray.config.training_plan import check_training, plan_lr_segments
 from grpo_ray.config.schema import *  # noqa: F403 - every section class is part of the API
 from grpo_ray.config.schema import Config, ConfigError
 
@@ -35,6 +36,7 @@ __all__ = [
     "RoleResources",
     "StagePlan",
     "check_config",
+    "check_training",
     "config_from_dict",
     "config_to_dict",
     "describe_resources",
@@ -44,6 +46,7 @@ __all__ = [
     "longest_sequence",
     "syncs_lora_adapter",
     "plan_batches",
+    "plan_lr_segments",
     "prefetch_room",
     "time_checkpoint_due",
     "plan_resources",

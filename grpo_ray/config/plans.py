@@ -172,6 +172,9 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
     _check_reference_and_quantization(cfg)
     _check_placement(cfg)
+    from grpo_ray.config.training_plan import check_training  # it imports this module
+
+    check_training(cfg)
 
 
 def _check_reference_and_quantization(cfg: Config) -> None:

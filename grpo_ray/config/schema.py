@@ -178,6 +178,12 @@ class RewardConfig(_RoleSection):
     max_failure_rate: float = Field(0.5, gt=0, le=1)
     # Steps in that window.
     failure_window_steps: int = Field(10, ge=1)
+    # Clip every total reward into [low, high] before advantages (after algorithm.overlong); null: off.
+    clip: tuple[float, float] | None = None
+    # "running": divide rewards (after clip) by a running std after subtracting a running mean, over
+    # every reward of the run so far (state in checkpoints); "none": off. Dynamic sampling and
+    # reward/mean see the shaped rewards; reward/<function>/mean stay raw.
+    normalize: Literal["none", "running"] = "none"
     # Reward functions; the total reward is their weighted sum (plus the reward model's, if any).
     # The first one is the evaluation accuracy. With by_source: the default for unlisted sources.
     functions: tuple[RewardFunctionConfig, ...] = (RewardFunctionConfig(name="exact_match"),)
@@ -188,6 +194,13 @@ class RewardConfig(_RoleSection):
     # The row field whose value picks a by_source entry (verl-style data carries data_source).
     source_field: str = Field("data_source", min_length=1)
     model: RewardModelConfig = RewardModelConfig()
+
+    @field_validator("clip")
+    @classmethod
+    def _clip_is_not_empty(cls, clip: tuple[float, float] | None) -> tuple[float, float] | None:
+        if clip is not None and not clip[0] < clip[1]:
+            raise ValueError(f"low {clip[0]} must be < high {clip[1]}")
+        return clip
 
 
 class AlgorithmConfig(_Section):
@@ -200,7 +213,17 @@ class AlgorithmConfig(_Section):
     # Upper clip range: ratio <= 1 + clip_high (DAPO's clip-higher when larger than clip_low).
     clip_high: float = Field(0.2, ge=0)
     # Coefficient of the KL term against the reference model; 0 starts no reference actor.
+    # With kl_controller: adaptive, the starting coefficient.
     kl_coef: float = Field(0.0, ge=0)
+    # fixed: kl_coef throughout. adaptive: the classic PPO controller (Ziegler et al. 2019,
+    # grpo_ray/algo/kl_control.py) moves the coefficient after each step towards kl_target:
+    # coef *= 1 + clip(kl / kl_target - 1, -0.2, 0.2) * completions / kl_horizon. Logged as kl/coef.
+    kl_controller: Literal["fixed", "adaptive"] = "fixed"
+    # Adaptive: the KL to hold, in the unit the penalty uses (per-token mean with kl_placement: loss,
+    # per-completion sum with kl_placement: reward).
+    kl_target: float = Field(0.1, gt=0)
+    # Adaptive: completions over which the coefficient may change by at most 20%.
+    kl_horizon: float = Field(10000.0, gt=0)
     # KL estimator: k1, k2 or k3.
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     # Where the KL goes: "loss" (a term of the policy loss, per token) or "reward" (kl_coef times the
@@ -262,8 +285,31 @@ class LearnerConfig(_RoleSection):
     zero_stage: int = Field(0, ge=0, le=3)
     # Sequences per forward/backward on one rank; gradients accumulate up to the rank's share.
     micro_batch_size: int = Field(32, ge=1)
-    # Adam learning rate (constant).
+    # Adam learning rate: the peak of learner.lr_schedule.
     lr: float = Field(1e-6, gt=0)
+    # LR over the run (grpo_ray/algo/schedules.py): constant, linear or cosine decay from lr to
+    # min_lr after warmup, over all the run's steps (stages continue it unless one sets lr or
+    # lr_schedule). Logged every step as actor/lr; a pure function of the step, so resume is exact.
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    # Steps of linear warmup from lr / warmup_steps (step 1) to lr (step warmup_steps).
+    warmup_steps: int = Field(0, ge=0)
+    # Warmup as a fraction of the schedule's steps (rounded up), instead of warmup_steps; null: unused.
+    warmup_ratio: float | None = Field(None, ge=0, lt=1)
+    # The floor that linear and cosine decay approach at the end of the schedule.
+    min_lr: float = Field(0.0, ge=0)
+    # ZeRO-Offload: keep the optimizer state (and step it) on the CPU with DeepSpeed's CPU Adam, as
+    # the 1.5B-on-two-8-GB-GPUs recipes do; needs zero_stage 1-3. null: on the learner's device.
+    # (DeepSpeed's CPU Adam compiles once, ~45 s, into $TORCH_EXTENSIONS_DIR, default .cache/torch_extensions.)
+    offload_optimizer: Literal["cpu"] | None = None
+    # ZeRO-Infinity parameter offload: parameters live on the CPU between uses; needs zero_stage 3.
+    offload_params: Literal["cpu"] | None = None
+    # fp16 (model.dtype: float16) loss scale: 0 is DeepSpeed's dynamic loss scaling, which skips a
+    # step whose gradients overflow (update/skipped = 1) and halves the scale; > 0: a fixed scale.
+    loss_scale: float = Field(0.0, ge=0)
+    # Dynamic loss scaling: the first scale is 2 ** initial_scale_power.
+    initial_scale_power: int = Field(16, ge=0, le=32)
+    # Dynamic loss scaling: steps without overflow before the scale doubles.
+    loss_scale_window: int = Field(1000, ge=1)
     # AdamW weight decay.
     weight_decay: float = Field(0.0, ge=0)
     # Adam betas.
@@ -323,6 +369,12 @@ class StageConfig(_Section):
     top_p: float | None = Field(None, gt=0, le=1)
     # Evaluation temperature; null: train.eval_temperature.
     eval_temperature: float | None = Field(None, ge=0)
+    # Peak LR of a schedule that starts afresh at this stage (warmup again, over this stage and the
+    # following stages that set neither lr nor lr_schedule); null with lr_schedule null: the stage
+    # continues the running schedule.
+    lr: float | None = Field(None, gt=0)
+    # Kind of the fresh schedule (as learner.lr_schedule); null: learner.lr_schedule when lr is set.
+    lr_schedule: Literal["constant", "linear", "cosine"] | None = None
 
 
 class PolarisConfig(_Section):

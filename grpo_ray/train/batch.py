@@ -30,6 +30,7 @@ import numpy as np
 
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.overlong import shape_overlong_rewards
+from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
 from grpo_ray.cluster.dispatch import CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_refs, score_tasks, wait_for
 from grpo_ray.cluster.recovery import WorkerRecovery
@@ -81,6 +82,7 @@ class BatchBuilder:
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
         self.ledger = PromptLedger()
         self.rescue = RescueBuffer()
+        self.shaper = RewardShaper(cfg.reward.clip, cfg.reward.normalize)  # reward.clip / reward.normalize
         self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
         self.pending: deque[Generation] = deque()  # started ahead of their step (rollout.max_staleness)
@@ -141,6 +143,7 @@ class BatchBuilder:
         if train is not None and cfg.polaris.substitution:
             train = self._substitute(train, metrics)
         metrics["polaris/ledger_prompts"] = float(len(self.ledger))
+        metrics.update(self.shaper.metrics())
         if self.recovery is not None:
             for role in ("rollout", "reward"):
                 metrics[f"faults/{role}_replaced"] = float(self.recovery.replaced[role] - faults_before[0].get(role, 0))
@@ -181,6 +184,8 @@ class BatchBuilder:
         refs.extend(new_refs)
         slice_rows.extend([rows_per_slice] * len(new_refs))
         rewards, weights = shape_rewards(self.cfg, scored, generation.sampling.max_new_tokens)
+        if self.shaper.active:  # clip, then running normalisation, before anything reads the rewards
+            rewards = self.shaper(rewards, weights)
         return StepRows.from_scored(scored, rewards, weights, first_source)
 
     def _score_all(self, generation: Generation) -> tuple[list, list[ScoredSlice]]:
@@ -289,6 +294,7 @@ class BatchBuilder:
             "ledger": self.ledger.state_dict(),
             "rescue": self.rescue.state_dict(),
             "failures": self.failures.state_dict(),
+            "reward_shaper": self.shaper.state_dict(),
         }
 
     def _cursor(self) -> dict:
@@ -313,6 +319,7 @@ class BatchBuilder:
         self.ledger.load_state_dict(state["ledger"])
         self.rescue.load_state_dict(state["rescue"])
         self.failures.load_state_dict(state["failures"])
+        self.shaper.load_state_dict(state.get("reward_shaper"))  # absent in checkpoints from before it
 
 
 def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:

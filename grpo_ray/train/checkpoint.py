@@ -51,6 +51,8 @@ class TrainerState:
     last_metrics: dict[str, float] = field(default_factory=dict)
     finished: bool = False  # written after the last step: nothing left to train
     reference_saved: bool = False
+    # KLController.state_dict() (algorithm.kl_controller); None in checkpoints written before it existed.
+    kl_controller: dict[str, Any] | None = None
     # 1: recipe_hash over the whole resolved config (checkpoints before 2026-11-24); 2: over the
     # fields that differ from their defaults, so a release that adds a field keeps old runs resumable.
     hash_version: int = 1
@@ -59,7 +61,15 @@ class TrainerState:
 HASH_VERSION = 2
 # Config fields added since format-1 checkpoints (dotted paths). A format-1 hash covered every field
 # of its day, so it is recomputed without these; they must be at their defaults, as the old code ran.
-ADDED_SINCE_FORMAT_1: tuple[str, ...] = ("train.checkpoint_every_minutes",)
+# "stages[].lr" names a field of every item of a list.
+ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
+    "algorithm.kl_controller", "algorithm.kl_horizon", "algorithm.kl_target",
+    "learner.initial_scale_power", "learner.loss_scale", "learner.loss_scale_window", "learner.lr_schedule",
+    "learner.min_lr", "learner.offload_optimizer", "learner.offload_params", "learner.warmup_ratio",
+    "learner.warmup_steps", "model.quantization", "reference.model_path", "reference.tokenizer",
+    "reward.by_source", "reward.clip", "reward.normalize", "reward.source_field",
+    "stages[].lr", "stages[].lr_schedule", "train.checkpoint_every_minutes",
+)
 
 
 @dataclass(frozen=True)
@@ -75,18 +85,27 @@ def recipe_hashes(full: dict[str, Any], non_default: dict[str, Any], added: tupl
     return RecipeHashes(recipe_hash(non_default), legacy)
 
 
-def _has_path(tree: dict[str, Any], path: str) -> bool:
+def _has_path(tree: Any, path: str) -> bool:
     head, _, rest = path.partition(".")
-    return head in tree and (not rest or (isinstance(tree[head], dict) and _has_path(tree[head], rest)))
+    if head.endswith("[]"):
+        items = tree.get(head[:-2]) if isinstance(tree, dict) else None
+        return isinstance(items, list) and any(_has_path(item, rest) for item in items)
+    if not isinstance(tree, dict) or head not in tree:
+        return False
+    return not rest or _has_path(tree[head], rest)
 
 
-def _without(tree: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+def _without(tree: Any, paths: tuple[str, ...]) -> Any:
+    if not isinstance(tree, dict):
+        return tree
     out = dict(tree)
     for path in paths:
         head, _, rest = path.partition(".")
-        if head in out and not rest:
+        if head.endswith("[]") and isinstance(out.get(head[:-2]), list):
+            out[head[:-2]] = [_without(item, (rest,)) for item in out[head[:-2]]]
+        elif head in out and not rest:
             del out[head]
-        elif head in out and isinstance(out[head], dict):
+        elif head in out:
             out[head] = _without(out[head], (rest,))
     return out
 

@@ -243,9 +243,10 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
     train, ref_refs, extra = batch.train, None, {}
+    kl_coef = run.kl.coef  # algorithm.kl_controller: this step's coefficient
     with timer("reference"):
         if workers.reference is not None and cfg.algorithm.kl_placement == "reward":
-            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(cfg, workers, payloads, train, stage.temperature)
+            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(cfg, workers, payloads, train, stage.temperature, kl_coef)
         elif workers.reference is not None:
             ref_refs = [[workers.reference.logprobs.remote(ref, stage.temperature) for ref in refs] for refs in payloads]
             ray.wait([r for refs in ref_refs for r in refs], num_returns=sum(map(len, ref_refs)), fetch_local=False)
@@ -257,12 +258,17 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         # Nothing more is started ahead once a time-based checkpoint is due: it waits for none in flight.
         room = 0 if run.checkpoint_time_due() else prefetch_room(cfg, stage, step, len(run.builder.pending))
         stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
-                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room))
+                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room),
+                           kl_coef=kl_coef if cfg.algorithm.kl_placement == "loss" else None)
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0
         synced = _sync_weights(run, step, run.inputs.probe if probe_due else None)
     metrics = step_metrics(batch.generated, stats, synced, timer.seconds, time.perf_counter() - started)
+    if workers.reference is not None:  # the KL the penalty used moves the next step's coefficient
+        extra["kl/coef"] = kl_coef
+        observed = extra.get("kl/reward_penalty_kl", metrics.get("actor/kl", float("nan")))
+        run.kl.update(observed, int((train.row_weights > 0).sum()))
     return {**metrics, **batch.metrics, **extra}
 
 

@@ -27,7 +27,7 @@ def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
         accuracy={str(step): value for step, value in progress.accuracy.items()},
         skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
         last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
-        hash_version=HASH_VERSION,
+        kl_controller=run.kl.state_dict(), hash_version=HASH_VERSION,
     )
 
     started = time.perf_counter()
@@ -44,6 +44,8 @@ def restore(run: Run, folder: Path, state: TrainerState) -> Progress:
     """Load the checkpoint into the fresh actors; the rollout engines get its weights by a sync."""
     run.workers.load_checkpoint(folder, with_reference=state.reference_saved)
     run.builder.load_state_dict(state.builder, run.inputs.train_prompts)
+    if state.kl_controller is not None:  # absent in checkpoints from before algorithm.kl_controller
+        run.kl.load_state_dict(state.kl_controller)
     run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
     return Progress(
         step=state.step, stage_index=state.stage_index,

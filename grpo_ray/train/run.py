@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_ray.algo.kl_control import KLController
 from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
@@ -85,6 +86,8 @@ class Run:
         self.output_dir = Path(self.cfg.output_dir)
         self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
+        a = self.cfg.algorithm
+        self.kl = KLController(a.kl_controller, a.kl_coef, a.kl_target, a.kl_horizon)  # the coefficient of each step
 
     def checkpoint_time_due(self) -> bool:
         return time_checkpoint_due(self.cfg.train.checkpoint_every_minutes, time.monotonic() - self.last_checkpoint)

@@ -42,13 +42,15 @@ def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[lis
     return payloads, sizes
 
 
-def kl_reward_penalty(cfg: Config, workers: Workers, payloads: list[list], train: StepRows, temperature: float) -> tuple[StepRows, float]:
+def kl_reward_penalty(cfg: Config, workers: Workers, payloads: list[list], train: StepRows, temperature: float,
+                      kl_coef: float | None = None) -> tuple[StepRows, float]:
     """Rewards minus kl_coef x the completion's KL to the reference (rows out of the loss untouched);
-    also the mean KL of the rows in the loss."""
+    also the mean KL of the rows in the loss. kl_coef: this step's (KL controller); None: the recipe's."""
     calls = [workers.reference.sequence_kl.remote(ref, temperature, cfg.algorithm.kl_estimator) for refs in payloads for ref in refs]
     kl = np.concatenate(fetch(calls))
     in_loss = train.row_weights > 0
-    rewards = np.where(in_loss, train.rewards - cfg.algorithm.kl_coef * kl, train.rewards)
+    coef = cfg.algorithm.kl_coef if kl_coef is None else kl_coef
+    rewards = np.where(in_loss, train.rewards - coef * kl, train.rewards)
     return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
 
 
@@ -69,7 +71,7 @@ def group_advantages(cfg: Config, rows: StepRows) -> np.ndarray:
 def run_update(
     workers: Workers, payloads: list[list], sizes: list[list[int]], train: StepRows, advantages: np.ndarray,
     ref_refs: list[list] | None, step: int, temperature: float, norm_length: float,
-    while_running: Callable[[], None] | None = None,
+    while_running: Callable[[], None] | None = None, kl_coef: float | None = None,
 ) -> list[LearnerStats]:
     """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
 
@@ -94,6 +96,7 @@ def run_update(
             global_sequences=global_sequences,
             temperature=temperature,
             norm_length=norm_length,
+            kl_coef=kl_coef,
         )
         calls.append(learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else [])))
     if while_running is not None:

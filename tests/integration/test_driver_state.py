@@ -100,3 +100,19 @@ def builder_after(state: dict) -> BatchBuilder:
     resumed = builder()
     resumed.load_state_dict(state, PROMPTS)
     return resumed
+
+
+def test_reward_shaping_state_survives_json_and_an_older_checkpoint_starts_it_afresh():
+    cfg = config_from_dict({"model": {"path": "tiny"}, "train": {"prompts_per_step": 2}, "rollout": {"samples_per_prompt": 2},
+                            "reward": {"clip": [0, 1], "normalize": "running"}})
+    original = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))
+    original.shaper([np.array([0.0, 1.0, 0.5])], [np.ones(3)])
+    state = json.loads(json.dumps(original.state_dict()))
+    resumed = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))
+    resumed.load_state_dict(state, PROMPTS)
+    assert resumed.shaper.stats.state_dict() == original.shaper.stats.state_dict() == {"count": 3, "mean": 0.5, "m2": 0.5}
+    # A checkpoint written before reward shaping existed has no "reward_shaper" key.
+    del state["reward_shaper"]
+    older = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))
+    older.load_state_dict(state, PROMPTS)
+    assert older.shaper.stats.count == 0

@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -142,9 +143,26 @@ def test_recipe_hashes_ignore_defaults_and_fields_added_since_format_1():
     assert recipe_hashes(full, set_since, added=("learner.lr_schedule",)).legacy is None
 
 
+def test_fields_added_to_list_items_are_named_with_brackets():
+    full = {"stages": [{"name": "a", "lr": None}, {"name": "b", "lr": None}]}
+    hashes = recipe_hashes(full, {"stages": [{"name": "a"}, {"name": "b"}]}, added=("stages[].lr",))
+    assert hashes.legacy == recipe_hash({"stages": [{"name": "a"}, {"name": "b"}]})
+    assert recipe_hashes(full, {"stages": [{"name": "a", "lr": 0.1}]}, added=("stages[].lr",)).legacy is None
+
+
 def test_an_unreadable_state_file_names_the_folder(tmp_path):
     folder = tmp_path / "step_000002"
     folder.mkdir()
     (folder / "state.json").write_text(json.dumps({"step": 2}))
     with pytest.raises(CheckpointError, match="step_000002/state.json cannot be read"):
         read_state(folder)
+
+
+def test_a_state_file_from_before_the_kl_controller_still_reads(tmp_path):
+    # state.json as written before TrainerState.kl_controller existed: the key is absent.
+    folder = tmp_path / "step_000003"
+    folder.mkdir()
+    old = {k: v for k, v in asdict(state(3)).items() if k != "kl_controller"}
+    (folder / "state.json").write_text(json.dumps(old))
+    loaded = read_state(folder)
+    assert loaded.kl_controller is None and loaded.step == 3
