@@ -38,7 +38,6 @@ builds a scorer must do so under ``if __name__ == "__main__":`` (Ray's worker sc
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections import deque
@@ -49,10 +48,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from grpo_ray.rewards.registry import RewardScores, RewardSpecError
-from grpo_ray.rewards.sandbox_child import child_main
+from grpo_ray.rewards.sandbox_child import child_main, death_reason, kill
 
-# How long to wait for a killed or crashed child to be reaped before giving up on its exit code.
-_REAP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -88,30 +85,6 @@ class _Task:
 class _Outcomes:
     scores: list[RewardScores | None] = field(default_factory=list)
     errors: list[str | None] = field(default_factory=list)
-
-
-def _kill(process: BaseProcess) -> None:
-    if process.exitcode is None:
-        try:
-            if os.getpgid(process.pid) == process.pid:
-                os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.kill()
-    process.join(_REAP_TIMEOUT_S)
-
-
-def _death_reason(process: BaseProcess) -> str:
-    process.join(_REAP_TIMEOUT_S)
-    code = process.exitcode
-    if code is None:
-        return "worker process closed its pipe"
-    if code < 0:
-        try:
-            return f"worker process died (exit code {code}, {signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"worker process died (exit code {code})"
 
 
 def _receive(conn: Connection) -> Any:
@@ -231,7 +204,7 @@ class SandboxedScorer:
         with self._lock:
             self._closed = True
             for child in self._children:
-                _kill(child.process)
+                kill(child.process)
                 child.conn.close()
             self._children = []
 
@@ -262,7 +235,7 @@ class SandboxedScorer:
         return _Child(process, parent_conn, "starting", time.monotonic() + self._start_timeout_s)
 
     def _replace(self, child: _Child) -> None:
-        _kill(child.process)
+        kill(child.process)
         child.conn.close()
         self._children[self._children.index(child)] = self._spawn()
         self.restarts += 1
@@ -355,7 +328,7 @@ class SandboxedScorer:
             if child.conn in ready or child.process.sentinel in ready:
                 message = _receive(child.conn)
                 if message is None:
-                    self._fail(child, _death_reason(child.process), outcomes)
+                    self._fail(child, death_reason(child.process), outcomes)
                 else:
                     self._accept(child, message, outcomes)
             elif now >= child.deadline:
@@ -372,7 +345,7 @@ class SandboxedScorer:
                 child.state = "idle"
                 self.wants_completion_ids = any(value)
             else:
-                _kill(child.process)
+                kill(child.process)
                 child.state, child.error, child.spec_error = "broken", value, True
             return
         if kind == "ok":
@@ -383,7 +356,7 @@ class SandboxedScorer:
 
     def _fail(self, child: _Child, reason: str, outcomes: _Outcomes) -> None:
         if child.state == "starting":  # not replaced at once: a spec that hangs would loop
-            _kill(child.process)
+            kill(child.process)
             child.state, child.error = "broken", reason
             return
         outcomes.errors[child.task] = reason

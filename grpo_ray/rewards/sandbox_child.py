@@ -17,11 +17,14 @@ import signal
 import threading
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 from grpo_ray.rewards.registry import RewardSpecError, _one_line, load_reward_function, score_completions, takes_completion_ids
 
 # How often a busy child checks that its parent is still alive.
 _ORPHAN_POLL_S = 1.0
+# How long to wait for a killed or crashed child to be reaped before giving up on its exit code.
+_REAP_TIMEOUT_S = 5.0
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:
@@ -74,3 +77,30 @@ def child_main(
         except Exception as error:  # noqa: BLE001 - any failure of the function fails the request
             response = ("error", _one_line(error))
         conn.send(response)
+
+
+# ---- how the parent ends a child, and tells how it died ----------------------------------------
+
+
+def kill(process: BaseProcess) -> None:
+    if process.exitcode is None:
+        try:
+            if os.getpgid(process.pid) == process.pid:
+                os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.kill()
+    process.join(_REAP_TIMEOUT_S)
+
+
+def death_reason(process: BaseProcess) -> str:
+    process.join(_REAP_TIMEOUT_S)
+    code = process.exitcode
+    if code is None:
+        return "worker process closed its pipe"
+    if code < 0:
+        try:
+            return f"worker process died (exit code {code}, {signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return f"worker process died (exit code {code})"
