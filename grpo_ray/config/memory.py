@@ -171,9 +171,9 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
              + (f", LoRA r{lora.rank} {adapter / 1e6:.2f} M" if adapter else "")]
     per_gpu: dict[str, float] = {}
     ln = cfg.learner
-    # TODO(lead): pass learner.offload_optimizer / offload_params (the other half of issue 21) here.
     learner = learner_memory(policy.parameters, cfg.model.dtype, ln.num_workers, ln.zero_stage, adapter,
-                             cfg.model.quantization)
+                             cfg.model.quantization, offload_optimizer=ln.offload_optimizer == "cpu",
+                             offload_params=ln.offload_params == "cpu")
     per_gpu["learner"] = learner.total
     lines.append(f"learner      weights {_gib(learner.weights)}  gradients {_gib(learner.gradients)}  optimizer "
                  f"{_gib(learner.optimizer)}  LoRA {_gib(learner.lora)}  total {_gib(learner.total)} per rank "
