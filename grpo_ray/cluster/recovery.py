@@ -32,6 +32,7 @@ class WorkerRecovery:
         self.timeout_s = timeout_s
         self.replaced: Counter[str] = Counter()  # role -> replacements so far in this run
         self.seconds = 0.0  # time spent bringing workers back, in this run
+        self.reissued_prompts = 0  # prompts generated again for a replaced rollout worker (the batch builder counts)
         self._restarts: Counter[tuple[str, int]] = Counter()
         # Process ids now, so the log names the process that died and a worker that was only
         # unreachable for a moment (same process) is not taken for a replacement.
@@ -73,6 +74,11 @@ class WorkerRecovery:
         self.log(f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
                  + ("; it was given the current weights" if role == "rollout" else ""))
         return role, index
+
+    def counters(self) -> dict[str, float]:
+        """Running totals, as faults/* metrics: a step logs how much they grew since the last step."""
+        return {"faults/rollout_replaced": float(self.replaced["rollout"]), "faults/reward_replaced": float(self.replaced["reward"]),
+                "faults/reissued_prompts": float(self.reissued_prompts), "faults/recovery_seconds": self.seconds}
 
     def replace_dead_rollouts(self) -> int:
         """After a call every rollout worker took part in failed (a weight sync): wait until Ray has

@@ -77,7 +77,6 @@ class BatchBuilder:
         self.stream = stream
         self.recovery = recovery  # brings back a rollout or reward worker that died mid-step
         self.policy_version = policy_version  # the weights version the rollout workers hold now
-        self.reissued_prompts = 0
         self.plan = plan_batches(cfg)
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
         self.ledger = PromptLedger()
@@ -108,8 +107,6 @@ class BatchBuilder:
         slice_rows: list[int] = []
         generations: list[StepRows] = []
         versions: list[int] = []
-        faults_before = (dict(self.recovery.replaced) if self.recovery else {}, self.reissued_prompts,
-                         self.recovery.seconds if self.recovery else 0.0)
         accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
         if self.pending:
             generation = self.pending.popleft()
@@ -144,11 +141,6 @@ class BatchBuilder:
             train = self._substitute(train, metrics)
         metrics["polaris/ledger_prompts"] = float(len(self.ledger))
         metrics.update(self.shaper.metrics())
-        if self.recovery is not None:
-            for role in ("rollout", "reward"):
-                metrics[f"faults/{role}_replaced"] = float(self.recovery.replaced[role] - faults_before[0].get(role, 0))
-            metrics["faults/reissued_prompts"] = float(self.reissued_prompts - faults_before[1])
-            metrics["faults/recovery_seconds"] = self.recovery.seconds - faults_before[2]
         # Two runs drew the same prompts in the same order at this step exactly when these agree.
         metrics["batch/prompt_digest"] = float(zlib.crc32(generated.prompt_uids.astype(np.int64).tobytes()))
         self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
@@ -214,7 +206,7 @@ class BatchBuilder:
                 for i in worker_positions(index, len(workers.rollouts), len(workers.learners)):
                     tasks[i] = score_tasks(workers, refs[i], rows_per_slice)
                     scored.pop(i, None)  # scores belong with the slice they were taken from
-                self.reissued_prompts += len(share)
+                self.recovery.reissued_prompts += len(share)
                 self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
             else:
                 parts = sum(reissue_lost_part(workers.rewards, tasks[i], index, refs[i], rows_per_slice)

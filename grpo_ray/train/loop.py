@@ -265,6 +265,10 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0
         synced = _sync_weights(run, step, run.inputs.probe if probe_due else None)
     metrics = step_metrics(batch.generated, stats, synced, timer.seconds, time.perf_counter() - started)
+    # Every recovery since the last step (in this step's phases, or in an evaluation or checkpoint between).
+    counters = run.recovery.counters()
+    metrics.update({key: value - run.faults_logged.get(key, 0.0) for key, value in counters.items()})
+    run.faults_logged = counters
     if workers.reference is not None:  # the KL the penalty used moves the next step's coefficient
         extra["kl/coef"] = kl_coef
         observed = extra.get("kl/reward_penalty_kl", metrics.get("actor/kl", float("nan")))

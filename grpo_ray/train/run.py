@@ -85,6 +85,7 @@ class Run:
                                     policy_version=lambda: self.sync.version)
         self.output_dir = Path(self.cfg.output_dir)
         self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
+        self.faults_logged: dict[str, float] = {}  # the recovery counters the last step's metrics reached
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
         a = self.cfg.algorithm
         self.kl = KLController(a.kl_controller, a.kl_coef, a.kl_target, a.kl_horizon)  # the coefficient of each step
