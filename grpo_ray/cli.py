@@ -57,8 +57,10 @@ def one_line_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except ConfigError as err:
-            _fail(str(err))
+        except ConfigError as err:  # every wrong field of the recipe, one line each
+            for line in err.lines[:-1]:
+                click.echo(f"error: {line}", err=True)
+            _fail(err.lines[-1])
         except KeyboardInterrupt:
             click.echo("interrupted; Ray processes stopped", err=True)
             sys.exit(130)
