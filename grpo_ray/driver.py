@@ -85,7 +85,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     plan_batches(cfg)
     inputs = prepare_inputs(cfg)  # checks paths, tokenises prompts: fails before any actor starts
     output_dir = Path(cfg.output_dir)
-    console = console or ConsoleReporter(total_steps(cfg))
+    console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
@@ -276,6 +276,7 @@ def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReport
 
 
 def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
+    run.console.phase(f"step {progress.step}: writing checkpoint")
     run.tracker.flush()  # the metrics up to this step are in the store before the checkpoint says so
     workers = run.workers
     reference_saved = workers.reference is not None and run.cfg.reference.refresh_every > 0
@@ -296,6 +297,7 @@ def _checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
     started = time.perf_counter()
     path = write_checkpoint(run.output_dir / "checkpoints", state, write_parts, run.cfg.train.keep_checkpoints)
     run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
+    run.console.phase(None)
     run.console.info(f"step {progress.step}: checkpoint {path}")
 
 
@@ -430,6 +432,7 @@ def _evaluate(run: Run, stage: StagePlan, step: int) -> float:
     cfg, workers, prompts = run.cfg, run.workers, run.inputs.eval_prompts
     if not prompts:
         return float("nan")
+    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts x {cfg.train.eval_samples}")
     sampling = SamplingSettings(
         samples_per_prompt=cfg.train.eval_samples, max_new_tokens=stage.max_new_tokens,
         temperature=stage.eval_temperature, top_p=stage.top_p, seed=cfg.seed + step,
@@ -445,6 +448,7 @@ def _evaluate(run: Run, stage: StagePlan, step: int) -> float:
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = float(np.nanmean(scores)) if np.isfinite(scores).any() else 0.0
+    run.console.phase(None)
     run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored])))})
     return accuracy
 
