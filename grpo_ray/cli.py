@@ -163,12 +163,17 @@ def _check_against_cluster(cfg, address: str) -> list[str]:
 @click.option("--resume/--no-resume", "resume", default=None,
               help="--resume: continue from the newest checkpoint in output_dir (an error if there is none); "
                    "--no-resume: start over, moving old checkpoints aside. Default: resume when a checkpoint exists.")
+@click.option("--verbose", is_flag=True, help="Show the libraries' routine notices too (Ray, MLflow, Hugging Face, DeepSpeed), in every actor.")
 @one_line_errors
-def train(config: str, overrides: tuple[str, ...], resume: bool | None) -> None:
+def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose: bool) -> None:
     """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here.
 
     A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
+    from grpo_ray.quiet import quiet_driver, set_verbose
+
+    set_verbose(verbose)
+    quiet_driver()
     from grpo_ray import interrupts
     from grpo_ray.driver import train as run_training
 

@@ -432,7 +432,7 @@ def _evaluate(run: Run, stage: StagePlan, step: int) -> float:
     cfg, workers, prompts = run.cfg, run.workers, run.inputs.eval_prompts
     if not prompts:
         return float("nan")
-    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts x {cfg.train.eval_samples}")
+    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts, {cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each")
     sampling = SamplingSettings(
         samples_per_prompt=cfg.train.eval_samples, max_new_tokens=stage.max_new_tokens,
         temperature=stage.eval_temperature, top_p=stage.top_p, seed=cfg.seed + step,

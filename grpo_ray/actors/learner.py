@@ -11,6 +11,7 @@ ranks are then exactly those of the full batch on one rank, whatever the split.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import os
 import time
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from grpo_ray.algo import behaviour_is_weights, grpo_loss, mismatch_stats
+from grpo_ray.cluster.bind import pin_default_gloo_interface, tcp_store
 from grpo_ray.cluster.weight_sync import (
     BroadcastGroup,
     bucket_storage,
@@ -36,9 +38,11 @@ from grpo_ray.models.loading import (
     load_tokenizer,
     merged_lora,
     sequence_logprobs,
+    tensor_of,
     weight_specs,
 )
 from grpo_ray.models.shared_prompts import completion_logprobs
+from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
 
 
@@ -89,6 +93,7 @@ class LearnerWorker:
 
     def setup(self, master_addr: str, master_port: int) -> None:
         """Join the learners' torch.distributed world and build the DeepSpeed engine."""
+        choose_deepspeed_accelerator()
         import deepspeed
         import deepspeed.ops
 
@@ -103,6 +108,11 @@ class LearnerWorker:
             RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
             MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
         )
+        # Our own store and gloo interface, so the learners' world listens on master_addr's route
+        # only (cluster/bind.py); DeepSpeed then takes the initialised group as it is.
+        pin_default_gloo_interface(master_addr)
+        store = tcp_store(master_addr, master_port, self.world_size, self.rank == 0, datetime.timedelta(minutes=30))
+        torch.distributed.init_process_group("nccl" if gpu else "gloo", store=store, rank=self.rank, world_size=self.world_size)
         deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
         torch.manual_seed(s.seed)
         model = load_causal_lm(s.model_path, s.dtype)
@@ -226,7 +236,7 @@ class LearnerWorker:
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         """Log-probs [N, T] of given sequences under the current weights (the weight-sync probe)."""
         self.engine.eval()
-        logprobs, _ = sequence_logprobs(self.engine, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature)
+        logprobs, _ = sequence_logprobs(self.engine, tensor_of(input_ids), tensor_of(attention_mask), temperature)
         return logprobs.float().cpu().numpy()
 
     def parameters_snapshot(self) -> dict[str, np.ndarray]:
