@@ -118,3 +118,10 @@ def test_config_error_message_stays_one_line_and_counts_the_rest():
         config_from_dict({"model": {"path": 12}, "train": {"steps": "many"}})
     assert str(caught.value) == "model.path: Input should be a valid string (got 12) (and 1 more error)"
     assert len(caught.value.lines) == 2
+
+
+def test_ray_node_ip_must_be_an_ip_address():
+    assert config_from_dict({"ray": {"node_ip": "10.0.0.5"}}).ray.node_ip == "10.0.0.5"
+    assert config_from_dict({}).ray.node_ip is None  # a local Ray on 127.0.0.1
+    with pytest.raises(ConfigError, match=r"^ray\.node_ip: Value error, expected an IP address of this machine"):
+        config_from_dict({"ray": {"node_ip": "my-laptop"}})
