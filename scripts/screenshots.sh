@@ -39,8 +39,10 @@ shoot() {  # url png [wait ms]
 # 1. The first run, to its end.
 train lr-1e-4 1e-4 | tee "$OUT/lr-1e-4.log"
 
-# 2. The second run with the Ray dashboard; its actors page while it trains.
-train lr-3e-4 3e-4 --set ray.dashboard=true > "$OUT/lr-3e-4.log" 2>&1 &
+# 2. The second run with the Ray dashboard; its actors page while it trains. Without token
+# authentication for this throw-away run only (everything still listens on 127.0.0.1): with it,
+# a headless browser gets the dashboard's token prompt instead of the page.
+RAY_AUTH_MODE=disabled train lr-3e-4 3e-4 --set ray.dashboard=true > "$OUT/lr-3e-4.log" 2>&1 &
 pids+=($!)
 until grep -q "^step 5/" "$OUT/lr-3e-4.log"; do
   kill -0 "${pids[0]}" 2>/dev/null || { cat "$OUT/lr-3e-4.log"; exit 1; }
@@ -51,7 +53,7 @@ shoot "$DASHBOARD/#/actors" "$DOCS/ray-dashboard-actors.png" 15000
 wait "${pids[0]}"
 tail -3 "$OUT/lr-3e-4.log"
 
-# 3. MLflow's comparison of the two runs: reward and held-out accuracy, one chart each.
+# 3. MLflow's comparison of the two runs: reward and held-out accuracy curves in one chart.
 PORT="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 "$MLFLOW" ui --backend-store-uri "$STORE" --host 127.0.0.1 --port "$PORT" > "$OUT/mlflow-ui.log" 2>&1 &
 pids+=($!)
@@ -65,11 +67,10 @@ runs = [r.info.run_id for r in client.search_runs([experiment]) if "mlflow.paren
 print(experiment, json.dumps(runs, separators=(",", ":")))
 EOF
 )
-QUERY="runs=$(printf %s "$RUNS" | jq -sRr @uri)&experiments=$(printf '["%s"]' "$EXPERIMENT" | jq -sRr @uri)"
-for key in reward/mean eval/accuracy; do
-  file="$DOCS/mlflow-compare-$(echo "$key" | tr / -).png"
-  shoot "http://127.0.0.1:$PORT/#/metric/$(printf %s "$key" | jq -sRr @uri)?$QUERY" "$file"
-done
+json_uri() { printf %s "$1" | jq -sRr @uri; }
+QUERY="runs=$(json_uri "$RUNS")&metric=$(json_uri '"reward/mean"')&experiments=$(json_uri "[\"$EXPERIMENT\"]")"
+QUERY="$QUERY&plot_metric_keys=$(json_uri '["reward/mean","eval/accuracy"]')"
+shoot "http://127.0.0.1:$PORT/#/metric?$QUERY" "$DOCS/mlflow-compare.png"
 
 # 4. The same comparison from the command line.
 "$PY" -m grpo_ray.cli runs compare --experiment grpo-ray --tracking-uri "$STORE" --plot "$DOCS/runs-compare.png" \
