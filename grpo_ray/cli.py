@@ -59,8 +59,10 @@ def one_line_errors(command: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return command(*args, **kwargs)
-        except ConfigError as err:
-            _fail(str(err))
+        except ConfigError as err:  # every wrong field of the recipe, one line each
+            for line in err.lines[:-1]:
+                click.echo(f"error: {line}", err=True)
+            _fail(err.lines[-1])
         except KeyboardInterrupt:
             click.echo("interrupted; Ray processes stopped", err=True)
             sys.exit(130)
@@ -178,13 +180,18 @@ def _check_against_cluster(cfg, address: str) -> list[str]:
 @click.option("--resume/--no-resume", "resume", default=None,
               help="--resume: continue from the newest checkpoint in output_dir (an error if there is none); "
                    "--no-resume: start over, moving old checkpoints aside. Default: resume when a checkpoint exists.")
+@click.option("--verbose", is_flag=True, help="Show the libraries' routine notices too (Ray, MLflow, Hugging Face, DeepSpeed), in every actor.")
 @one_line_errors
-def train(config: str, overrides: tuple[str, ...], resume: bool | None) -> None:
+def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose: bool) -> None:
     """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here.
 
     A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
     check_quantization(cfg)
+    from grpo_ray.quiet import quiet_driver, set_verbose
+
+    set_verbose(verbose)
+    quiet_driver()
     from grpo_ray.train import interrupts
     from grpo_ray.train.loop import train as run_training
 

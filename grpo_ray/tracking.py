@@ -182,47 +182,85 @@ def redact_config(value: Any, environ: dict[str, str] | None = None) -> Any:
 
 
 class ConsoleReporter:
-    """A progress bar on a terminal; one plain line per step otherwise (job logs, CI)."""
+    """A progress bar on a terminal; one plain line per step otherwise (job logs, CI).
 
-    def __init__(self, total_steps: int, stream=None):
+    Both show the step, reward, held-out accuracy, seconds per step, the ETA and, in pipelined runs
+    (rollout.max_staleness > 0), how many updates old the step's batch was. Pauses between steps
+    (evaluation, checkpoints) are named by phase() so the bar does not look frozen.
+    """
+
+    # The bar's own ETA (tqdm's elapsed<remaining) would count evaluation and start-up as step time.
+    BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]"
+
+    def __init__(self, total_steps: int, stream=None, pipelined: bool = False):
         self.stream = stream or sys.stdout
         self.total = total_steps
+        self.pipelined = pipelined
         self.step_seconds: list[float] = []
         self.accuracy: float | None = None  # the last held-out accuracy, shown until the next evaluation
         self.bar = None
         if self.stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, file=self.stream, unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total_steps, file=self.stream, unit="step", dynamic_ncols=True, bar_format=self.BAR_FORMAT)
 
     def info(self, message: str) -> None:
         if self.bar is not None:
             self.bar.write(message)
         else:
-            print(message, file=self.stream, flush=True)
+            self._write(message)
+
+    def phase(self, what: str | None) -> None:
+        """Say what the run does between steps ("step 10: evaluating 64 held-out prompts"); None
+        when it goes back to training steps."""
+        if self.bar is not None:
+            self.bar.set_description_str(what or "", refresh=True)
+        elif what:
+            self._write(what)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         self.accuracy = metrics.get("eval/accuracy", self.accuracy)
-        summary = {
+        # From step times only: start-up and evaluation would inflate the first estimates.
+        self.step_seconds.append(metrics.get("timing/step", 0.0))
+        eta = sum(self.step_seconds) / len(self.step_seconds) * (self.total - step)
+        fields = self.fields(metrics, eta)
+        if self.bar is not None:
+            self.bar.set_description_str("", refresh=False)
+            self.bar.set_postfix_str("  ".join(f"{k} {v}" for k, v in fields.items()), refresh=False)
+            self.bar.update(1)
+            return
+        self._write(f"step {step}/{self.total}  " + "  ".join(f"{k} {v}" for k, v in fields.items()))
+
+    def fields(self, metrics: dict[str, float], eta: float) -> dict[str, str]:
+        """What a step shows, formatted: absent values are left out (no accuracy before the first evaluation)."""
+        shown = {
             "reward": metrics.get("reward/mean"),
             "acc": self.accuracy,
             "loss": metrics.get("loss/total"),
             "s/step": metrics.get("timing/step"),
+            # Updates between the weights that sampled this step's batch and the learner's.
+            "stale": metrics.get("batch/staleness") if self.pipelined else None,
         }
-        shown = {k: v for k, v in summary.items() if v is not None}
-        if self.bar is not None:
-            self.bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
-            self.bar.update(1)
-            return
-        # From step times only: start-up and evaluation would inflate the first estimates.
-        self.step_seconds.append(metrics.get("timing/step", 0.0))
-        eta = sum(self.step_seconds) / len(self.step_seconds) * (self.total - step)
-        fields = "  ".join(f"{k} {v:.4g}" for k, v in shown.items())
+        fields = {k: f"{v:.4g}" for k, v in shown.items() if v is not None and math.isfinite(v)}
+        fields["eta"] = _duration(eta)
+        return fields
+
+    def _write(self, line: str) -> None:
         # Straight to the stream: print() in a Ray driver goes through Ray's tqdm-aware wrapper,
         # ~1.5 ms a line (a tiny-recipe step is 0.2 s).
-        self.stream.write(f"step {step}/{self.total}  {fields}  eta {eta:.0f}s\n")
+        self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _duration(seconds: float) -> str:
+    """45s, 12m05s, 3h07m: a glance's worth of precision."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

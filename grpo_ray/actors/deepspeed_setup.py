@@ -18,11 +18,14 @@ No DeepSpeed import at module level: the config is plain data, tested without it
 
 from __future__ import annotations
 
+import datetime
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from grpo_ray.transport.bind import pin_default_gloo_interface, tcp_store
 
 # Dynamic loss scaling: overflows in a row tolerated before the scale drops, and its floor
 # (DeepSpeed's defaults, also TRL's and HF Trainer's when they pass "auto").
@@ -105,3 +108,26 @@ class SkipNonFiniteAdamW(torch.optim.AdamW):
         if self.overflow:
             return None
         return super().step(closure)
+
+
+def join_learner_world(rank: int, world_size: int, master_addr: str, master_port: int) -> None:
+    """Join the learners' torch.distributed world (gloo on CPU, NCCL on GPU) for DeepSpeed."""
+    import deepspeed
+    import deepspeed.ops
+
+    gpu = torch.cuda.is_available()
+    # DeepSpeed JIT-builds its shared-memory allreduce op in every init_distributed, behind a
+    # lock file that a learner killed mid-build leaves behind, after which every later run on
+    # the machine waits on it forever (seen here). The op is only used when LOCAL_SIZE is set,
+    # which we never do: skip building it.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+    )
+    # Our own store and gloo interface, so the learners' world listens on master_addr's route
+    # only (transport/bind.py); DeepSpeed then takes the initialised group as it is.
+    pin_default_gloo_interface(master_addr)
+    store = tcp_store(master_addr, master_port, world_size, rank == 0, datetime.timedelta(minutes=30))
+    torch.distributed.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size)
+    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+

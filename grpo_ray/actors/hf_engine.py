@@ -14,7 +14,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from grpo_ray.transport.broadcast import bucket_storage
-from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs
+from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs, tensor_of
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 
@@ -57,10 +57,9 @@ class HFEngine:
             do_sample=not greedy,
             # Neutral settings switch off Hugging Face's own warpers and the model file's sampling
             # defaults (Qwen's generation_config sets top_k, top_p and a repetition penalty): the
-            # recorder applies the recipe's, and is then the last to touch the scores.
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
+            # recorder applies the recipe's, and is then the last to touch the scores. Greedy
+            # decoding has no warpers: there the sampling flags are invalid (and warned about).
+            **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
             repetition_penalty=1.0,
             logits_processor=LogitsProcessorList([recorder]),
             max_new_tokens=sampling.max_new_tokens,
@@ -107,9 +106,7 @@ class HFEngine:
     @torch.no_grad()
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float) -> np.ndarray:
         """Log-probs [N, T] of given sequences (the weight-sync probe)."""
-        logprobs, _ = sequence_logprobs(
-            self.model, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature
-        )
+        logprobs, _ = sequence_logprobs(self.model, tensor_of(input_ids), tensor_of(attention_mask), temperature)
         return logprobs.float().cpu().numpy()
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, loss_scale
+from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, join_learner_world, loss_scale
 from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.algo.schedules import LrSegment, schedule_lr
@@ -39,9 +39,11 @@ from grpo_ray.models.loading import (
     load_tokenizer,
     merged_lora,
     sequence_logprobs,
+    tensor_of,
     weight_specs,
 )
 from grpo_ray.models.shared_prompts import completion_logprobs
+from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
 
 
@@ -100,21 +102,11 @@ class LearnerWorker:
 
     def setup(self, master_addr: str, master_port: int) -> None:
         """Join the learners' torch.distributed world and build the DeepSpeed engine."""
+        choose_deepspeed_accelerator()
         import deepspeed
-        import deepspeed.ops
 
         s = self.settings
-        gpu = torch.cuda.is_available()
-        # DeepSpeed JIT-builds its shared-memory allreduce op in every init_distributed, behind a
-        # lock file that a learner killed mid-build leaves behind, after which every later run on
-        # the machine waits on it forever (seen here). The op is only used when LOCAL_SIZE is set,
-        # which we never do: skip building it.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        os.environ.update(
-            RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
-        )
-        deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+        join_learner_world(self.rank, self.world_size, master_addr, master_port)
         torch.manual_seed(s.seed)
         model = load_causal_lm(s.model_path, s.dtype, quantization=s.quantization)
         if s.gradient_checkpointing:
@@ -228,7 +220,7 @@ class LearnerWorker:
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         """Log-probs [N, T] of given sequences under the current weights (the weight-sync probe)."""
         self.engine.eval()
-        logprobs, _ = sequence_logprobs(self.engine, torch.from_numpy(input_ids), torch.from_numpy(attention_mask), temperature)
+        logprobs, _ = sequence_logprobs(self.engine, tensor_of(input_ids), tensor_of(attention_mask), temperature)
         return logprobs.float().cpu().numpy()
 
     def parameters_snapshot(self) -> dict[str, np.ndarray]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grpo_ray.algo.kl import sequence_kl
-from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights
+from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, tensor_of
 from grpo_ray.models.shared_prompts import completion_logprobs
 from grpo_ray.types import RolloutSlice
 
@@ -36,9 +36,9 @@ class ReferenceWorker:
             rows = slice(start, start + self.micro_batch_size)
             logprobs, _ = completion_logprobs(
                 self.model,
-                torch.from_numpy(batch.input_ids[rows]),
-                torch.from_numpy(batch.attention_mask[rows]),
-                torch.from_numpy(batch.completion_mask[rows]),
+                tensor_of(batch.input_ids[rows]),
+                tensor_of(batch.attention_mask[rows]),
+                tensor_of(batch.completion_mask[rows]),
                 temperature,
             )
             parts.append(logprobs.float().cpu().numpy())
@@ -48,7 +48,7 @@ class ReferenceWorker:
     def sequence_kl(self, batch: RolloutSlice, temperature: float, estimator: str) -> np.ndarray:
         """[N] float64 KL(rollout policy || reference) of each completion, summed over its tokens."""
         ref = torch.from_numpy(self.logprobs(batch, temperature))
-        kl = sequence_kl(torch.from_numpy(batch.rollout_logprobs), ref, torch.from_numpy(batch.completion_mask), estimator)
+        kl = sequence_kl(tensor_of(batch.rollout_logprobs), ref, tensor_of(batch.completion_mask), estimator)
         return kl.double().numpy()
 
     def save_weights(self, folder: str) -> None:
@@ -65,4 +65,4 @@ class ReferenceWorker:
 
     def load_weights(self, weights: dict[str, np.ndarray]) -> int:
         """Replace the reference weights with the policy's (names as the learner exports them)."""
-        return load_named_weights(self.model, ((name, torch.from_numpy(array)) for name, array in weights.items()))
+        return load_named_weights(self.model, ((name, tensor_of(array)) for name, array in weights.items()))

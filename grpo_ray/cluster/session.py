@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from grpo_ray.config import RayConfig
+from grpo_ray.quiet import actor_noise_env, quiet_driver
 
 # Environment of every actor process. OMP_WAIT_POLICY must be set before torch is imported:
 # with OpenMP's default spinning, torch threads on a 2-core machine ran 10-35x slower.
@@ -29,7 +31,7 @@ class RaySession:
 
 
 def actor_env() -> dict[str, str]:
-    env = dict(ACTOR_ENV)
+    env = {**ACTOR_ENV, **actor_noise_env()}
     # Actors build or find the offline tiny model in the same cache as the driver.
     if "GRPO_RAY_CACHE" in os.environ:
         env["GRPO_RAY_CACHE"] = os.environ["GRPO_RAY_CACHE"]
@@ -41,20 +43,23 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
     """Join RAY_ADDRESS / cfg.address (as under `ray job submit`), or start and finally stop a local Ray."""
     import ray
 
+    quiet_driver()
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     common = dict(logging_level="WARNING", log_to_driver=True, runtime_env={"env_vars": actor_env()})
     if address:
         context = ray.init(address=address, **common)
     else:
-        context = ray.init(
-            address="local",
-            num_cpus=cfg.num_cpus or os.cpu_count(),
-            include_dashboard=cfg.dashboard,
-            dashboard_host=cfg.dashboard_host,
-            # A fixed port lets Prometheus scrape a local run (dashboards/grpo-ray.json); None: random.
-            _metrics_export_port=cfg.metrics_export_port,
-            **common,
-        )
+        with _local_node(cfg.node_ip) as node_ip:
+            context = ray.init(
+                address="local",
+                num_cpus=cfg.num_cpus or os.cpu_count(),
+                include_dashboard=cfg.dashboard,
+                dashboard_host=cfg.dashboard_host,
+                # A fixed port lets Prometheus scrape a local run (dashboards/grpo-ray.json); None: random.
+                _metrics_export_port=cfg.metrics_export_port,
+                _node_ip_address=node_ip,
+                **common,
+            )
     dashboard = getattr(context, "dashboard_url", None) or None
     try:
         yield RaySession(
@@ -67,6 +72,28 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
     finally:
         # Stops a local Ray's processes; on a cluster, ends this job's actors (they die with the driver).
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def _local_node(node_ip: str | None) -> Iterator[str]:
+    """The address a local Ray is started on: 127.0.0.1 unless ray.node_ip names another.
+
+    Ray turns a loopback node address into the machine's network address wherever it allows
+    clusters (Linux): its servers would then listen on the network. On macOS and Windows it keeps
+    the loopback address instead, and every server (GCS, raylet, object manager, agents, metrics)
+    binds 127.0.0.1; ENABLE_RAY_CLUSTER off for the start gives Linux that same behaviour.
+    tests/integration/test_local_ray_loopback.py proves it on every listening socket of a run.
+    """
+    from ray._private import ray_constants
+
+    loopback = node_ip is None or ipaddress.ip_address(node_ip).is_loopback
+    saved = ray_constants.ENABLE_RAY_CLUSTER
+    if loopback:
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield "127.0.0.1" if loopback else node_ip
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved
 
 
 def _metrics_url(ray) -> str | None:

@@ -8,7 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class ConfigError(ValueError):
-    """A recipe that cannot run. The message is one line naming the field."""
+    """A recipe that cannot run. The message is one line naming the field; `lines` holds one such
+    line per problem when validation found several (the CLI prints them all)."""
+
+    def __init__(self, message: str, lines: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.lines = lines or (message,)
 
 
 class _Section(BaseModel):

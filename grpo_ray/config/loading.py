@@ -1,4 +1,5 @@
-"""Loading recipes: YAML and `--set` overrides in, a checked `Config` out, or one `ConfigError` line."""
+"""Loading recipes: YAML and `--set` overrides in, a checked `Config` out, or a `ConfigError`
+(one line per wrong field)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_one_line(err)) from None
+        lines = tuple(_error_line(error) for error in err.errors())
+        more = len(lines) - 1
+        summary = lines[0] + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+        raise ConfigError(summary, lines) from None
     check_config(cfg)
     return cfg
 
@@ -66,18 +70,17 @@ def _apply_override(raw: dict[str, Any], override: str) -> None:
         node[parts[-1]] = value
 
 
-def _one_line(err: ValidationError) -> str:
-    first = err.errors()[0]
-    field = ".".join(_shown(str(p)) for p in first["loc"]) or "config"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        parent = ".".join(_shown(str(p)) for p in first["loc"][:-1])
-        allowed = _allowed_keys(first["loc"][:-1])
+def _error_line(error: Any) -> str:
+    """One of pydantic's errors as one line: the field, what is wrong, and what was given."""
+    field = ".".join(_shown(str(p)) for p in error["loc"]) or "config"
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        parent = ".".join(_shown(str(p)) for p in error["loc"][:-1])
+        allowed = _allowed_keys(error["loc"][:-1])
         message = f"unknown key{' in ' + parent if parent else ''}; allowed: {', '.join(allowed)}"
-    elif "input" in first and first["type"] != "missing":
-        message = f"{message} (got {_got(first['input'])})"
-    more = len(err.errors()) - 1
-    return f"{field}: {message}" + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+    elif "input" in error and error["type"] != "missing":
+        message = f"{message} (got {_got(error['input'])})"
+    return f"{field}: {message}"
 
 
 def _got(value: Any) -> str:

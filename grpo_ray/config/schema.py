@@ -8,9 +8,10 @@ and `Config`, and re-exports every section class.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from grpo_ray.config.base import ConfigError, _Section  # noqa: F401 - ConfigError is part of the API
 from grpo_ray.config.role_sections import *  # noqa: F403 - every section class is part of the API
@@ -121,6 +122,10 @@ class RayConfig(_Section):
     address: str | None = None
     # CPUs of a local Ray; null: this machine's core count.
     num_cpus: int | None = Field(None, ge=1)
+    # Address a local Ray's servers (GCS, raylet, object manager, metrics) listen on; null:
+    # 127.0.0.1, so a run on a laptop or a shared machine is not reachable from the network. Set this
+    # machine's network address only to let other machines join or scrape it.
+    node_ip: str | None = None
     # Start the Ray dashboard with a local Ray (bound to dashboard_host).
     dashboard: bool = False
     # Dashboard bind address; 127.0.0.1 keeps it off the network.
@@ -133,6 +138,16 @@ class RayConfig(_Section):
     max_actor_restarts: int = Field(3, ge=0)
     # Seconds to wait for the placement group (all actors' resources) before giving up.
     placement_timeout_s: float = Field(120.0, gt=0)
+
+    @field_validator("node_ip")
+    @classmethod
+    def _an_ip_address(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"expected an IP address of this machine such as 10.0.0.5, got {value!r}") from None
+        return value
 
 
 class PlacementConfig(_Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from grpo_ray.types import WeightSpec
@@ -231,3 +232,12 @@ def load_named_weights(model: torch.nn.Module, weights: Iterator[tuple[str, torc
             params[name].copy_(tensor)
             loaded += 1
     return loaded
+
+
+def tensor_of(array: np.ndarray) -> torch.Tensor:
+    """A tensor over an array that may come from Ray's object store, whose buffers are read-only.
+
+    torch has no read-only tensors (from_numpy warns and would let a write corrupt the shared
+    buffer), so such an array is copied; np.require copies only then. The copy is one pass over
+    rows that a forward pass then reads many times over."""
+    return torch.from_numpy(np.require(array, requirements="W"))

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_ray.models.tiny_task import make_addition_split, write_jsonl
+from grpo_ray.quiet import choose_deepspeed_accelerator
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
@@ -294,6 +295,7 @@ def _build(out_dir: Path, *, pretrain_steps: int, seed: int) -> None:
         pretrain_seconds = time.perf_counter() - pretrain_started
         model_dir = out_dir / "model"
         # Saved before the evaluation, which leaves left padding set on the tokenizer.
+        choose_deepspeed_accelerator()  # save_pretrained imports DeepSpeed (through accelerate)
         model.save_pretrained(model_dir, safe_serialization=True)
         save_tiny_tokenizer(tokenizer, model_dir)
         accuracy = greedy_accuracy(model, tokenizer, heldout)

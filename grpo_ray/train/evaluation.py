@@ -22,8 +22,11 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
         samples_per_prompt=cfg.train.eval_samples, max_new_tokens=stage.max_new_tokens,
         temperature=stage.eval_temperature, top_p=stage.top_p, seed=cfg.seed + step,
     )
+    samples = f"{cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each"
+    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts, {samples}")
     with in_phase("evaluation"):
         scored = _scored_samples(run, sampling)
+    run.console.phase(None)
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
     # With reward.by_source each row's accuracy is its own source's first function (rewards/by_source.py).
     first = "accuracy" if "accuracy" in scored[0].per_function else first

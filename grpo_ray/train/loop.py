@@ -60,7 +60,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     plan_batches(cfg)
     inputs = prepare_inputs(cfg)  # checks paths, tokenises prompts: fails before any actor starts
     output_dir = Path(cfg.output_dir)
-    console = console or ConsoleReporter(total_steps(cfg))
+    console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")

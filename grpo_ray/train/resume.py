@@ -30,6 +30,7 @@ def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
         kl_controller=run.kl.state_dict(), hash_version=HASH_VERSION,
     )
 
+    run.console.phase(f"step {progress.step}: writing checkpoint")  # the bar says what the pause is
     started = time.perf_counter()
     with in_phase("checkpoint"):
         path = write_checkpoint(run.output_dir / "checkpoints", state,
@@ -37,6 +38,7 @@ def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
                                 run.cfg.train.keep_checkpoints)
     run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
     run.last_checkpoint = time.monotonic()
+    run.console.phase(None)
     run.console.info(f"step {progress.step}: checkpoint {path}")
 
 

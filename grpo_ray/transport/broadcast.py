@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from grpo_ray.transport.bind import gloo_options, tcp_store
 from grpo_ray.types import WeightSpec
 
 
@@ -140,13 +141,14 @@ class BroadcastGroup:
         cls, host: str, port: int, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
     ) -> "BroadcastGroup":
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout)
+        # Listening on `host` only, not every interface (cluster/bind.py).
+        store = tcp_store(host, port, world_size, is_master=rank == 0, timeout=timeout)
         prefixed = dist.PrefixStore("grpo_ray/weights", store)
         if backend == "nccl":
             group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
             device = torch.device("cuda", torch.cuda.current_device())
         else:
-            group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+            group = dist.ProcessGroupGloo(prefixed, rank, world_size, gloo_options(host, timeout))
             device = torch.device("cpu")
         # Keep the store alive as long as the group: the group does not own it.
         instance = cls(rank=rank, world_size=world_size, group=group, device=device)

@@ -92,3 +92,36 @@ def test_variant_names_in_the_schema_are_the_registered_ones():
     assert literal("advantage") == {e.value for e in AdvantageEstimator}
     assert literal("kl_estimator") == {e.value for e in KLEstimator}
     assert literal("loss_aggregation") == {e.value for e in LossAggregation}
+
+
+def test_every_wrong_field_is_reported_one_line_each_and_the_command_exits_1(tmp_path):
+    from click.testing import CliRunner
+
+    from grpo_ray.cli import main
+
+    recipe = tmp_path / "four_wrong.yaml"
+    recipe.write_text("model: {path: 12}\ntrain: {steps: many}\nrollout: {temprature: 1.0, backend: sglang}\n")
+    result = CliRunner().invoke(main, ["validate", str(recipe)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    # Pydantic reports fields in schema order: model, rollout (backend, then the unknown key), train.
+    assert [line.split(": ")[:2] for line in lines] == [
+        ["error", "model.path"], ["error", "rollout.backend"], ["error", "rollout.temprature"], ["error", "train.steps"],
+    ]
+    assert lines[0] == "error: model.path: Input should be a valid string (got 12)"
+    assert lines[3] == "error: train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"
+    assert not any("more error" in line for line in lines)
+
+
+def test_config_error_message_stays_one_line_and_counts_the_rest():
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"model": {"path": 12}, "train": {"steps": "many"}})
+    assert str(caught.value) == "model.path: Input should be a valid string (got 12) (and 1 more error)"
+    assert len(caught.value.lines) == 2
+
+
+def test_ray_node_ip_must_be_an_ip_address():
+    assert config_from_dict({"ray": {"node_ip": "10.0.0.5"}}).ray.node_ip == "10.0.0.5"
+    assert config_from_dict({}).ray.node_ip is None  # a local Ray on 127.0.0.1
+    with pytest.raises(ConfigError, match=r"^ray\.node_ip: Value error, expected an IP address of this machine"):
+        config_from_dict({"ray": {"node_ip": "my-laptop"}})

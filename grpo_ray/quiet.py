@@ -1,0 +1,77 @@
+"""What a run prints: grpo-ray's own lines and real problems; the libraries' notices only on request.
+
+Each notice silenced here was seen on every start of the tiny recipe and says nothing an operator
+can act on: MLflow creating its tables, Ray's note that token authentication is on (it stays on),
+and Hugging Face's "Loading weights" and "Writing model shards" bars from every actor. Python
+warnings are left alone: grpo-ray's own code is tested to raise none (tests/integration/
+test_quiet_run.py), and a library's may matter. Where a notice had a cause, the cause was fixed instead
+(DeepSpeed's accelerator is named, greedy generation gets no sampling flags, tensors over Ray's
+read-only buffers are built on a copy).
+
+`grpo-ray train --verbose` sets GRPO_RAY_VERBOSE=1: the driver and, through actor_env(), every
+actor then show everything, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+VERBOSE_ENV = "GRPO_RAY_VERBOSE"
+
+# Loggers whose INFO/WARNING notices are routine on every start.
+_ROUTINE_LOGGERS = {
+    "mlflow.store.db.utils": logging.WARNING,  # "Creating initial MLflow database tables..."
+    "alembic.runtime.migration": logging.WARNING,  # MLflow's schema migrations on a new store
+    "ray._private.authentication.authentication_token_setup": logging.ERROR,  # token auth is on: good
+}
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV) == "1"
+
+
+def set_verbose(on: bool) -> None:
+    """Show every library notice in this process and the actors it starts (--verbose)."""
+    if on:
+        os.environ[VERBOSE_ENV] = "1"
+    else:
+        os.environ.pop(VERBOSE_ENV, None)
+
+
+def actor_noise_env() -> dict[str, str]:
+    """Environment entries of every actor process: quiet by default, everything with --verbose."""
+    if verbose():
+        return {VERBOSE_ENV: "1"}
+    return {
+        # Hugging Face's per-load and per-save progress bars (transformers and the hub honour it).
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    }
+
+
+def quiet_driver() -> None:
+    """Lower the routine notices of this (driver) process, unless --verbose."""
+    if verbose():
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    for name, level in _ROUTINE_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
+def choose_deepspeed_accelerator() -> None:
+    """Name this process's DeepSpeed accelerator (cuda with a GPU, else cpu) before DeepSpeed
+    looks for one: its detection warns "unable to detect it" on every CPU process that imports it
+    (a learner, or save_pretrained through accelerate). DeepSpeed keeps its first choice for the
+    process, so DS_ACCELERATOR is set only for that choice: left set in a driver, it would pass to
+    every Ray process started afterwards, GPU nodes' included. A user's DS_ACCELERATOR wins."""
+    import torch
+
+    saved = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = saved or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator()
+    finally:
+        if saved is None:
+            del os.environ["DS_ACCELERATOR"]
