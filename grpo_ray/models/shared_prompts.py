@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ray.models.chunked_logprobs import head_logprobs
 from grpo_ray.models.loading import first_completion_column, sequence_logprobs
 
 
@@ -31,15 +32,17 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     share_prompts: bool = True,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (and entropies with `with_entropy`) at completion columns, as
     sequence_logprobs computes them; columns before a row's completion are 0 or the full forward's
-    values, and either way out of every loss (completion_mask)."""
+    values, and either way out of every loss (completion_mask). `chunk_tokens`: as in
+    sequence_logprobs (the LM head a chunk of positions at a time)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
     full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
         model, input_ids, attention_mask, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-        from_column=first_completion_column(completion_mask),
+        from_column=first_completion_column(completion_mask), chunk_tokens=chunk_tokens,
     )
     if not share_prompts:
         return full()
@@ -71,13 +74,14 @@ def completion_logprobs(
     positions = prefix_lengths[:, None] + steps
     rest_ids = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1))
     rest_mask = (steps < rest_lengths[:, None]).long()
-    logits = model(
+    forward = dict(
         input_ids=rest_ids, attention_mask=torch.cat([prefix_mask[row_prefix], rest_mask], dim=1),
         position_ids=positions, past_key_values=shared, use_cache=True,
-    ).logits
-    logits = logits[:, :-1].float()  # position j predicts rest token j + 1, i.e. column prefix + j + 1
-
-    from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
+    )
+    # Output position j predicts rest token j + 1, i.e. column prefix + j + 1.
+    logprobs, entropy = head_logprobs(
+        model, forward, rest_ids[:, 1:], temperature, with_entropy, entropy_grad, chunk_tokens
+    )
 
     # Back into the rows' own columns; positions past a row's width land in a dropped extra column.
     target = (positions[:, 1:]).clamp(max=input_ids.shape[1])
@@ -85,11 +89,9 @@ def completion_logprobs(
     def place(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros((len(input_ids), input_ids.shape[1] + 1)).scatter(1, target, values)[:, :-1]
 
-    logprobs = place(token_logprobs_from_logits(logits, rest_ids[:, 1:], temperature=temperature))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = place(entropy_from_logits(logits, temperature))
+    logprobs = place(logprobs)
+    if entropy is not None:
+        entropy = place(entropy)
     return logprobs, entropy
 
 
