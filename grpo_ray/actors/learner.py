@@ -73,6 +73,7 @@ class LearnerSettings:
     lora_target_modules: tuple[str, ...] = ()
     gradient_checkpointing: bool = False
     share_prompts: bool = True
+    logprob_chunk_tokens: int = 0
 
 
 class LearnerWorker:
@@ -169,6 +170,7 @@ class LearnerWorker:
                     with_entropy=True, entropy_grad=s.entropy_coef != 0,
                     # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
                     share_prompts=s.share_prompts and not s.gradient_checkpointing,
+                    chunk_tokens=s.logprob_chunk_tokens,
                 )
                 if epoch == 0:
                     learner_old[index] = logprobs.detach()

@@ -87,6 +87,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         lora_target_modules=tuple(lora.target_modules),
         gradient_checkpointing=lr.gradient_checkpointing,
         share_prompts=lr.share_prompts,
+        logprob_chunk_tokens=lr.logprob_chunk_tokens,
     )
 
 
@@ -151,7 +152,8 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
 def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> Any:
     return spawn(
         ReferenceWorker, placement, "reference", 0, resources,
-        cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads, name="reference",
+        cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads,
+        cfg.learner.logprob_chunk_tokens, name="reference",
     )
 
 
