@@ -130,13 +130,19 @@ class _ChunkedHead(torch.autograd.Function):
         entropy = torch.zeros_like(lse)
         for start in range(0, total, chunk):
             part = slice(start, start + chunk)
-            scaled = _chunk_logits(hidden[part], weight, bias, temperature)
-            lse[part] = torch.logsumexp(scaled, dim=-1)
-            logprobs[part] = scaled.gather(-1, target_ids[part, None]).squeeze(-1) - lse[part]
+            # d = z - max(z) in place, e = exp(d): one exp pass serves the log-sum-exp and the
+            # entropy (torch.logsumexp would make two [chunk, vocab] temporaries of its own).
+            shifted = _chunk_logits(hidden[part], weight, bias, temperature)
+            top = shifted.amax(dim=-1, keepdim=True)
+            shifted.sub_(top)
+            exps = shifted.exp()
+            total = exps.sum(dim=-1)
+            lse[part] = top.squeeze(-1) + total.log()
+            # log p_y = z_y - lse = d_y - log sum e.
+            logprobs[part] = shifted.gather(-1, target_ids[part, None]).squeeze(-1) - total.log()
             if with_entropy:
-                probs = (scaled - lse[part, None]).exp_()
-                # H = logsumexp(z) - sum_v p_v z_v, as entropy_from_logits.
-                entropy[part] = lse[part] - torch.einsum("mv,mv->m", probs, scaled)
+                # H = lse - sum_v p_v z_v (entropy_from_logits' formula) = log sum e - sum_v p_v d_v.
+                entropy[part] = total.log() - torch.einsum("mv,mv->m", exps, shifted) / total
         ctx.save_for_backward(hidden, weight, bias, target_ids, lse, entropy)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.set_materialize_grads(False)
@@ -183,12 +189,13 @@ def _grad_scaled(scaled: Tensor, lse: Tensor, entropy: Tensor, target_ids: Tenso
       d H / d s_v = -p_v (log p_v + H)      (H = -sum p log p)
     so the gradient is -p_v (g_lp + g_H (s_v - lse + H)) plus g_lp at v = y.
     """
-    probs = (scaled - lse[:, None]).exp_()
+    log_probs = scaled.sub_(lse[:, None])  # in place: s is not needed after this
+    probs = log_probs.exp()
     if grad_ent is None:
         grad = probs.mul_(-grad_lp[:, None])
     else:
-        # (s - lse + H) * g_H + g_lp, in place over s, which is not needed after this.
-        factor = scaled.sub_((lse - entropy)[:, None]).mul_(grad_ent[:, None])
+        # (log p + H) * g_H + g_lp, in place over log p.
+        factor = log_probs.add_(entropy[:, None]).mul_(grad_ent[:, None])
         if grad_lp is not None:
             factor.add_(grad_lp[:, None])
         grad = probs.mul_(factor).neg_()
