@@ -74,7 +74,9 @@ def probe(model_dir: str, chunk: int, rows: int, prompts: int, prompt_tokens: in
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
         started = time.perf_counter()
-        logprobs, entropy = completion_logprobs(model, ids, mask, completion, 1.0, with_entropy=True, chunk_tokens=chunk)
+        # chunk 0 passes no chunk_tokens, so that the probe also runs on code from before it existed.
+        chunking = {"chunk_tokens": chunk} if chunk else {}
+        logprobs, entropy = completion_logprobs(model, ids, mask, completion, 1.0, with_entropy=True, **chunking)
         ((logprobs * completion).sum() / completion.sum()).backward()
         seconds.append(time.perf_counter() - started)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -112,3 +114,111 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------------------------------------
+# The mode of side_by_side.py
+# ---------------------------------------------------------------------------------------------
+
+ROWS_PER_STEP = (8, 4)  # prompts x completions
+NEW_TOKENS = 32
+
+
+def _settings(model_dir: Path, steps: int) -> list[str]:
+    """grpo-ray on the Qwen-vocabulary model: 8 prompts x 4 completions of 32 tokens, one learner
+    (one micro-batch of 32 rows), hf rollout, no KL. A length reward, so that groups differ and
+    every step updates (exact match on a random model would score every completion 0)."""
+    prompts, samples = ROWS_PER_STEP
+    return [f"model.path={model_dir}", f"train.steps={steps}", "train.eval_every=0", "data.eval_limit=4",
+            "data.max_prompt_tokens=64", "weight_sync.probe_every=0", f"train.prompts_per_step={prompts}",
+            f"rollout.samples_per_prompt={samples}", f"rollout.max_new_tokens={NEW_TOKENS}",
+            "learner.micro_batch_size=32", "reward.functions=[{name: length_words, options: {target_words: 2}}]"]
+
+
+def _trl_prompts(model_dir: Path, path: Path) -> Path:
+    """The tiny task's prompts chat-templated with the Qwen2 tokenizer, as TRL's text rows."""
+    from grpo_ray.data.loaders import load_rows
+    from grpo_ray.data.prompts import tokenize_prompts
+    from grpo_ray.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_dir))
+    prompts = tokenize_prompts(load_rows("tiny:train")[0], tokenizer, 64, True).prompts
+    with path.open("w") as f:
+        for prompt in prompts:
+            f.write(json.dumps({"prompt": tokenizer.decode(prompt.token_ids), "answer": prompt.answer}) + "\n")
+    return path
+
+
+def _probe(sbs, work: Path, model_dir: Path, chunk: int, tree: Path, name: str, reuse: bool) -> dict:
+    import sys
+
+    out = work / f"{name}.json"
+    command = [sys.executable, str(Path(__file__).resolve()), "probe", "--model", str(model_dir), "--chunk", str(chunk)]
+    log = work / f"{name}.log"
+    sbs.run(command, log, out, reuse, tree)
+    if not out.exists():
+        out.write_text(log.read_text().strip().splitlines()[-1])
+    return json.loads(out.read_text())
+
+
+def run_mode(args, sbs) -> None:
+    """Before (--before-tree, full logits and generate's sampling) and after, and TRL, on the
+    Qwen-vocabulary model; figures to results/side_by_side_qwen_vocab.{json,md}."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("GRPO_RAY_CACHE", str(sbs.ROOT / ".cache" / "grpo-ray"))
+    work = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="grpo-ray-qwen-vocab-"))
+    reuse = bool(args.reuse)
+    print(f"runs in {work}", flush=True)
+    model_dir = build_model(work / "qwen-vocab-model", Path(args.qwen_tokenizer))
+    completions = ROWS_PER_STEP[0] * ROWS_PER_STEP[1]
+    figures: dict = {"model": "random Qwen2, 2 layers x 128, tied embedding, vocab 151,936, Qwen2 tokenizer",
+                     "rows_per_step": completions, "max_new_tokens": NEW_TOKENS, "steps": args.steps, "warmup": args.warmup}
+    trees = {"after": sbs.ROOT}
+    if args.before_tree:
+        trees["before"] = Path(args.before_tree).resolve()
+    for label, tree in trees.items():
+        metrics = sbs.grpo_ray(f"qwen-{label}", work, _settings(model_dir, args.steps), reuse, tree)
+        figures[label] = sbs.throughput(metrics, args.warmup, completions)
+        # The learner's peak: the "after" tree with and without chunking, the "before" tree's full logits.
+        chunks = (0, 512) if label == "after" else (0,)
+        figures[label]["learner_probe"] = [
+            _probe(sbs, work, model_dir, chunk, tree, f"probe-{label}-{chunk}", reuse) for chunk in chunks
+        ]
+    if sbs.TRL_PYTHON.exists():
+        sbs.run([str(sbs.TRL_PYTHON), str(sbs.HERE / "trl_grpo.py"), "--model", str(model_dir),
+                 "--prompts", str(_trl_prompts(model_dir, work / "prompts.jsonl")), "--steps", str(args.steps),
+                 "--warmup-steps", str(args.warmup), "--prompts-per-step", str(ROWS_PER_STEP[0]),
+                 "--generations", str(ROWS_PER_STEP[1]), "--max-new-tokens", str(NEW_TOKENS), "--micro-batch", "32",
+                 "--output-dir", str(work / "trl-out"), "--json", str(work / "trl.json")],
+                work / "trl.log", work / "trl.json", reuse)
+        figures["trl"] = json.loads((work / "trl.json").read_text())
+    results = sbs.HERE / "results"
+    (results / "side_by_side_qwen_vocab.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (results / "side_by_side_qwen_vocab.md").write_text(_markdown(figures))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    print(_markdown(figures))
+
+
+def _markdown(f: dict) -> str:
+    lines = [f"Qwen-vocabulary mode: {f['model']}; {f['rows_per_step']} completions of {f['max_new_tokens']} tokens a step,",
+             f"{f['steps']} steps ({f['warmup']} warm-up left out), one learner, hf rollout, no KL.", "",
+             "| | samples/s | s/step | rollout s | update s | learner probe s (fwd+bwd) | learner probe peak RSS above loaded, MB |",
+             "|---|---|---|---|---|---|---|"]
+    for label in ("before", "after"):
+        if label not in f:
+            continue
+        r = f[label]
+        for p in r["learner_probe"]:
+            name = f"grpo-ray {label}" + ("" if label == "before" else f", chunk {p['chunk_tokens']}")
+            lines.append(f"| {name} | {r['samples_per_s']:.2f} | {r['seconds_per_step']:.2f} | {r['phases']['rollout']:.2f} | "
+                         f"{r['phases']['update']:.2f} | {p['seconds']:.2f} | {p['peak_above_loaded_mb']:.0f} |")
+    if "trl" in f:
+        t = f["trl"]
+        lines.append(f"| TRL {t['trl_version']} | {t['samples_per_s']:.2f} | {t['seconds_per_step']:.2f} | | | | |")
+    lines.append("")
+    lines.append("The after rows' samples/s, s/step, rollout and update come from one run (chunk 512, the default); "
+                 "the probe columns are one micro-batch (32 rows x 62 tokens) in a process of its own.")
+    return "\n".join(lines) + "\n"
