@@ -126,13 +126,14 @@ NEW_TOKENS = 32
 
 def _settings(model_dir: Path, steps: int) -> list[str]:
     """grpo-ray on the Qwen-vocabulary model: 8 prompts x 4 completions of 32 tokens, one learner
-    (one micro-batch of 32 rows), hf rollout, no KL. A length reward, so that groups differ and
-    every step updates (exact match on a random model would score every completion 0)."""
+    (one micro-batch of 32 rows), hf rollout, no KL. A character-length reward, so that groups
+    differ and every step updates (on a random model exact match scores every completion 0, and
+    every 32-token completion has enough words for length_words' 1)."""
     prompts, samples = ROWS_PER_STEP
     return [f"model.path={model_dir}", f"train.steps={steps}", "train.eval_every=0", "data.eval_limit=4",
             "data.max_prompt_tokens=64", "weight_sync.probe_every=0", f"train.prompts_per_step={prompts}",
             f"rollout.samples_per_prompt={samples}", f"rollout.max_new_tokens={NEW_TOKENS}",
-            "learner.micro_batch_size=32", "reward.functions=[{name: length_words, options: {target_words: 2}}]"]
+            "learner.micro_batch_size=32", "reward.functions=[{name: tldr_length, options: {target_chars: 100}}]"]
 
 
 def _trl_prompts(model_dir: Path, path: Path) -> Path:
@@ -205,20 +206,19 @@ def run_mode(args, sbs) -> None:
 def _markdown(f: dict) -> str:
     lines = [f"Qwen-vocabulary mode: {f['model']}; {f['rows_per_step']} completions of {f['max_new_tokens']} tokens a step,",
              f"{f['steps']} steps ({f['warmup']} warm-up left out), one learner, hf rollout, no KL.", "",
-             "| | samples/s | s/step | rollout s | update s | learner probe s (fwd+bwd) | learner probe peak RSS above loaded, MB |",
-             "|---|---|---|---|---|---|---|"]
+             "| run | samples/s | s/step | rollout s | update s |", "|---|---|---|---|---|"]
     for label in ("before", "after"):
-        if label not in f:
-            continue
-        r = f[label]
-        for p in r["learner_probe"]:
-            name = f"grpo-ray {label}" + ("" if label == "before" else f", chunk {p['chunk_tokens']}")
-            lines.append(f"| {name} | {r['samples_per_s']:.2f} | {r['seconds_per_step']:.2f} | {r['phases']['rollout']:.2f} | "
-                         f"{r['phases']['update']:.2f} | {p['seconds']:.2f} | {p['peak_above_loaded_mb']:.0f} |")
+        if label in f:
+            r = f[label]
+            lines.append(f"| grpo-ray {label} | {r['samples_per_s']:.2f} | {r['seconds_per_step']:.2f} | "
+                         f"{r['phases']['rollout']:.2f} | {r['phases']['update']:.2f} |")
     if "trl" in f:
         t = f["trl"]
-        lines.append(f"| TRL {t['trl_version']} | {t['samples_per_s']:.2f} | {t['seconds_per_step']:.2f} | | | | |")
-    lines.append("")
-    lines.append("The after rows' samples/s, s/step, rollout and update come from one run (chunk 512, the default); "
-                 "the probe columns are one micro-batch (32 rows x 62 tokens) in a process of its own.")
+        lines.append(f"| TRL {t['trl_version']} | {t['samples_per_s']:.2f} | {t['seconds_per_step']:.2f} | | |")
+    lines += ["", "Learner probe: one micro-batch (32 rows x 62 tokens, 8 prompts shared by 4 rows each) log-probs "
+              "forward + backward in a process of its own; peak RSS (ru_maxrss) above the RSS once the model and inputs are loaded.",
+              "", "| code | chunk_tokens | seconds | peak RSS above loaded, MB |", "|---|---|---|---|"]
+    for label in ("before", "after"):
+        for p in f.get(label, {}).get("learner_probe", []):
+            lines.append(f"| {label} | {p['chunk_tokens']} | {p['seconds']:.2f} | {p['peak_above_loaded_mb']:.0f} |")
     return "\n".join(lines) + "\n"
