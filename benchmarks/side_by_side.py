@@ -22,6 +22,10 @@ pass per batch, the same exact-match reward. Measured:
 
 Writes results/side_by_side.md (a table) and results/side_by_side.png (a chart) next to this
 file, and the figures as JSON with --json.
+
+With --qwen-vocab, the same comparison on a random Qwen2 with the real 151,936-token vocabulary
+instead (benchmarks/qwen_vocab.py: seconds per phase, learner peak memory, samples/s, before and
+after, TRL beside).
 """
 
 from __future__ import annotations
@@ -58,26 +62,28 @@ WIDE = [f"train.steps={WIDE_STEPS}", "train.eval_every=0", "data.eval_limit=4", 
         "rollout.max_new_tokens=8", "reward.functions=[{name: length_words, options: {target_words: 2}}]"]
 
 
-def run(command: list[str], log: Path, result: Path, reuse: bool = False) -> None:
-    """Run a benchmark command (its output to log); with reuse, skip it when its result is there."""
+def run(command: list[str], log: Path, result: Path, reuse: bool = False, tree: Path = ROOT) -> None:
+    """Run a benchmark command (its output to log); with reuse, skip it when its result is there.
+    `tree`: the grpo-ray checkout it runs (another commit's, for before/after figures)."""
     if reuse and result.exists():
         print(f"  {log.stem}: reused {result}", flush=True)
         return
     started = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(tree)}
     with log.open("w") as out:
-        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=tree, stdout=out, stderr=subprocess.STDOUT, env=env)
     if done.returncode != 0:
         sys.exit(f"error: {' '.join(command[:4])} ... failed (exit {done.returncode}); its output is in {log}")
     print(f"  {log.stem}: {time.perf_counter() - started:.0f} s", flush=True)
 
 
-def grpo_ray(name: str, work: Path, sets: list[str], reuse: bool = False) -> dict:
+def grpo_ray(name: str, work: Path, sets: list[str], reuse: bool = False, tree: Path = ROOT) -> dict:
     """Train the tiny recipe with these overrides; per-step metrics and their timestamps from MLflow."""
     from mlflow.tracking import MlflowClient
 
     out = work / name
     args = [a for s in [f"output_dir={out}", *sets] for a in ("--set", s)]
-    run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args], work / f"{name}.log", out / "model", reuse)
+    run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args], work / f"{name}.log", out / "model", reuse, tree)
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
     run_ = next(r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags)
@@ -210,7 +216,18 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (printed)")
     parser.add_argument("--reuse", default=None, metavar="DIR",
                         help="a folder kept with --keep: runs finished there are not run again (re-renders the figures)")
+    parser.add_argument("--qwen-vocab", action="store_true",
+                        help="the Qwen-vocabulary mode instead (benchmarks/qwen_vocab.py): a random Qwen2 with the real tokenizer")
+    parser.add_argument("--before-tree", default=None, metavar="DIR",
+                        help="--qwen-vocab: a checkout of the code to compare against (e.g. `git archive 74293a5`)")
+    parser.add_argument("--qwen-tokenizer", default="/work/shared/tokenizers/qwen2", metavar="DIR",
+                        help="--qwen-vocab: the Qwen2 tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja)")
     args = parser.parse_args()
+    if args.qwen_vocab:
+        from qwen_vocab import run_mode
+
+        run_mode(args, sys.modules[__name__])
+        return
     if not TRL_PYTHON.exists():
         sys.exit(f"error: {TRL_PYTHON} is missing; run `bash benchmarks/setup_trl.sh` first")
     os.environ.setdefault("GRPO_RAY_CACHE", str(ROOT / ".cache" / "grpo-ray"))

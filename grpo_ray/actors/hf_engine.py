@@ -15,6 +15,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 
 from grpo_ray.transport.broadcast import bucket_storage
 from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs, tensor_of
+from grpo_ray.models.sampling import draw_tokens
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 
@@ -42,28 +43,26 @@ class HFEngine:
             input_ids[row, width - len(ids) :] = torch.tensor(ids)
             attention[row, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        greedy = sampling.temperature == 0
         g = sampling.samples_per_prompt
         prompt_cache = None
         if g > 1 and width > 1:
             prompt_cache = self._prompt_cache(input_ids[:, :-1], attention[:, :-1], g)
-            input_ids, attention = input_ids.repeat_interleave(g, dim=0), attention.repeat_interleave(g, dim=0)
+        # Row i*G+j is sample j of prompt i (generate's greedy search takes no num_return_sequences).
+        input_ids, attention = input_ids.repeat_interleave(g, dim=0), attention.repeat_interleave(g, dim=0)
         recorder = SampledLogprobs(sampling)
-        torch.manual_seed(sampling.seed)
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
             past_key_values=prompt_cache,
-            do_sample=not greedy,
-            # Neutral settings switch off Hugging Face's own warpers and the model file's sampling
-            # defaults (Qwen's generation_config sets top_k, top_p and a repetition penalty): the
-            # recorder applies the recipe's, and is then the last to touch the scores. Greedy
-            # decoding has no warpers: there the sampling flags are invalid (and warned about).
-            **({} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}),
+            # The recorder draws the tokens (seeded, exact); greedy search then takes its choice.
+            do_sample=False,
+            # Greedy search applies no temperature/top-k/top-p warper (passing those flags only earns a
+            # warning), but it does apply a model file's repetition penalty (Qwen's generation_config
+            # sets one): neutral here, so the recorder, which applies the recipe's settings, is the
+            # last to touch the scores.
             repetition_penalty=1.0,
             logits_processor=LogitsProcessorList([recorder]),
             max_new_tokens=sampling.max_new_tokens,
-            num_return_sequences=1 if prompt_cache is not None else g,
             eos_token_id=list(self.stop_ids),
             pad_token_id=pad,
         )
@@ -124,13 +123,15 @@ class HFEngine:
 
 
 class SampledLogprobs(LogitsProcessor):
-    """Applies the recipe's temperature, top-k and top-p (Hugging Face's warper classes) and keeps
-    the log-prob of each drawn token under exactly that distribution.
+    """Applies the recipe's temperature, top-k and top-p (Hugging Face's warper classes), draws
+    each row's next token itself (models.sampling: an exact inverse-CDF draw from a seeded
+    generator) and keeps its log-prob under exactly that distribution.
 
-    Only one step's [rows, vocab] log-probs are alive at a time: the token drawn from step t shows
-    up as the last input id at step t+1, where it is looked up and the row dropped. Keeping every
-    step's scores instead (generate's output_scores) needs rows x steps x vocab floats: 159 GB for
-    512 rows of 512 tokens over Qwen's 152K vocabulary.
+    generate runs greedy and is handed scores whose argmax is the drawn token: its own sampling
+    would softmax the scores a second time and draw a random number per vocabulary entry.
+    Only one step's [rows, vocab] scores are alive at a time. Keeping every step's scores instead
+    (generate's output_scores) needs rows x steps x vocab floats: 159 GB for 512 rows of 512
+    tokens over Qwen's 152K vocabulary.
     """
 
     def __init__(self, sampling: SamplingSettings):
@@ -142,26 +143,30 @@ class SampledLogprobs(LogitsProcessor):
                 self.warpers.append(TopKLogitsWarper(sampling.top_k))
             if sampling.top_p < 1.0:
                 self.warpers.append(TopPLogitsWarper(sampling.top_p))
-        self._last_step: torch.Tensor | None = None
+        self.greedy = sampling.temperature == 0
+        self.seed = sampling.seed
+        self._generator: torch.Generator | None = None
         self._drawn: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        self._take(input_ids[:, -1])
         for warper in self.warpers:
             scores = warper(input_ids, scores)
-        # Log-softmax leaves the distribution as it is (sampling softmaxes again; argmax is unmoved).
-        self._last_step = torch.log_softmax(scores.float(), dim=-1)
-        return self._last_step
-
-    def _take(self, drawn: torch.Tensor) -> None:
-        if self._last_step is not None:
-            self._drawn.append(self._last_step.gather(-1, drawn[:, None]).squeeze(-1))
-            self._last_step = None
+        if not self.greedy and self._generator is None:
+            self._generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        tokens, logprobs = draw_tokens(scores, None if self.greedy else self._generator)
+        self._drawn.append(logprobs)
+        if self.greedy:
+            return scores
+        # The drawn token above every other, so generate's argmax picks it; in place: scores is
+        # generate's float32 copy of this step's logits (or a warper's output), used for nothing after us.
+        return scores.scatter_(-1, tokens[:, None], float("inf"))
 
     def drawn_logprobs(self, generated: torch.Tensor) -> torch.Tensor:
-        """[rows, steps] log-probs of the generated tokens (call once, after generate)."""
-        self._take(generated[:, -1])
-        return torch.stack(self._drawn, dim=1) if self._drawn else generated.new_zeros(generated.shape, dtype=torch.float32)
+        """[rows, steps] log-probs of the generated tokens (call once, after generate). A row that
+        finished early continues with pad tokens whose log-probs are those of the discarded draws."""
+        if not self._drawn:
+            return generated.new_zeros(generated.shape, dtype=torch.float32)
+        return torch.stack(self._drawn, dim=1)
 
 
 def _stop_ids(tokenizer, model) -> frozenset[int]:

@@ -86,6 +86,7 @@ class LearnerSettings:
     loss_scale: float = 0.0
     initial_scale_power: int = 16
     loss_scale_window: int = 1000
+    logprob_chunk_tokens: int = 0
 
 
 class LearnerWorker:
@@ -186,6 +187,7 @@ class LearnerWorker:
             with_entropy=True, entropy_grad=s.entropy_coef != 0,
             # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
             share_prompts=s.share_prompts and not s.gradient_checkpointing,
+            chunk_tokens=s.logprob_chunk_tokens,
         )
         if first_pass:
             learner_old[index] = logprobs.detach()

@@ -20,8 +20,10 @@ from grpo_ray.types import RolloutSlice
 
 
 class ReferenceWorker:
-    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1):
+    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1, chunk_tokens: int = 0):
+        """chunk_tokens: LM-head positions per chunk (learner.logprob_chunk_tokens); 0: full logits."""
         torch.set_num_threads(torch_threads)
+        self.chunk_tokens = chunk_tokens
         self.model = load_causal_lm(model_path, dtype).to(compute_device()).eval()
         self.micro_batch_size = micro_batch_size
 
@@ -40,6 +42,7 @@ class ReferenceWorker:
                 tensor_of(batch.attention_mask[rows]),
                 tensor_of(batch.completion_mask[rows]),
                 temperature,
+                chunk_tokens=self.chunk_tokens,
             )
             parts.append(logprobs.float().cpu().numpy())
         return (np.concatenate(parts) * batch.completion_mask).astype(np.float32)

@@ -120,6 +120,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         loss_scale=lr.loss_scale,
         initial_scale_power=lr.initial_scale_power,
         loss_scale_window=lr.loss_scale_window,
+        logprob_chunk_tokens=lr.logprob_chunk_tokens,
     )
 
 
@@ -186,7 +187,7 @@ def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resource
     return spawn(
         ReferenceWorker, placement, "reference", 0, resources,
         cfg.reference.model_path or cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads,
-        name="reference",
+        cfg.learner.logprob_chunk_tokens, name="reference",
     )
 
 

@@ -304,3 +304,8 @@ class LearnerConfig(_RoleSection):
     # attend to that pass (same log-probs and gradients to float rounding; the tiny recipe's forward
     # + backward 2.7x faster). Off under gradient_checkpointing, which keeps no KV cache to share.
     share_prompts: bool = True
+    # Positions per chunk of the LM head when the learner and the reference compute log-probs and
+    # entropies: the [tokens, vocab] logits (their float32 copy, softmax and gradients) are never
+    # built whole; backward recomputes each chunk. Same numbers to float rounding. Qwen's 152K
+    # vocabulary: 512 positions are ~0.3 GB of float32 per tensor alive. 0: the full logits.
+    logprob_chunk_tokens: int = Field(512, ge=0)

@@ -115,6 +115,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     from_column: int = 1,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (column t: log p(token t | tokens < t); column 0 is 0).
 
@@ -129,25 +130,27 @@ def sequence_logprobs(
     and its [N, T, V] intermediates are freed at once instead of living on in the autograd graph
     until the micro-batch ends (on a GPU, ~10 GB at 8 x 1024 tokens of a 152K vocabulary).
     Logits are divided by the sampling temperature, as the rollout engine sampled them.
+
+    With `chunk_tokens` > 0 the LM head runs that many positions at a time and the [N, T, V]
+    logits never exist (models.chunked_logprobs): same numbers to float rounding.
     """
-    from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
+    from grpo_ray.models.chunked_logprobs import head_logprobs
 
     # Inputs go where the model's weights are (a DeepSpeed engine or a plain module, CPU or GPU).
     device = next(model.parameters()).device
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     first = max(1, min(from_column, input_ids.shape[1] - 1))
-    # Logits at positions first-1 .. T-1; the last predicts nothing and is dropped below.
+    # Logits at positions first-1 .. T-1; the last predicts nothing.
     keep = {"logits_to_keep": input_ids.shape[1] - first + 1} if first > 1 else {}
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep).logits
-    logits = logits[:, :-1].float()
-    logprobs = token_logprobs_from_logits(logits, input_ids[:, first:], temperature=temperature)
+    forward = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep)
+    logprobs, entropy = head_logprobs(
+        model, forward, input_ids[:, first:], temperature, with_entropy, entropy_grad, chunk_tokens
+    )
     before = logprobs.new_zeros((logprobs.shape[0], first))
     logprobs = torch.cat([before, logprobs], dim=1)
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = torch.cat([before, entropy_from_logits(logits, temperature)], dim=1)
+    if entropy is not None:
+        entropy = torch.cat([before, entropy], dim=1)
     return logprobs, entropy
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ray.models.chunked_logprobs import head_logprobs
 from grpo_ray.models.loading import first_completion_column, sequence_logprobs
 
 
@@ -31,32 +32,24 @@ def completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     share_prompts: bool = True,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (and entropies with `with_entropy`) at completion columns, as
     sequence_logprobs computes them; columns before a row's completion are 0 or the full forward's
-    values, and either way out of every loss (completion_mask)."""
+    values, and either way out of every loss (completion_mask). `chunk_tokens`: as in
+    sequence_logprobs (the LM head a chunk of positions at a time)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
     full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
         model, input_ids, attention_mask, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-        from_column=first_completion_column(completion_mask),
+        from_column=first_completion_column(completion_mask), chunk_tokens=chunk_tokens,
     )
-    if not share_prompts:
+    found = _distinct_prefixes(input_ids, attention_mask, completion_mask) if share_prompts else None
+    if found is None:
         return full()
-    lengths = attention_mask.sum(dim=1)
-    has_completion = completion_mask.any(dim=1)
-    prompt_lengths = torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths)
-    # The prefix of a row: its prompt but the last token, which starts the row's own pass so that
-    # its logits (those of the first completion token) come out of that pass.
-    prefix_lengths = (prompt_lengths - 1).clamp(min=0)
-    width = int(prefix_lengths.max())
-    if width == 0:
-        return full()
+    lengths, prefix_lengths, prefixes, row_prefix = found
+    width = prefixes.shape[1]
     columns = torch.arange(width, device=device)
-    keyed = torch.where(columns < prefix_lengths[:, None], input_ids[:, :width], -1)
-    prefixes, row_prefix = torch.unique(keyed, dim=0, return_inverse=True)
-    if len(prefixes) == len(input_ids):
-        return full()
     prefix_mask = (prefixes >= 0).long()
     shared = model(
         input_ids=prefixes.clamp(min=0), attention_mask=prefix_mask, position_ids=columns.expand(len(prefixes), width),
@@ -71,13 +64,14 @@ def completion_logprobs(
     positions = prefix_lengths[:, None] + steps
     rest_ids = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1))
     rest_mask = (steps < rest_lengths[:, None]).long()
-    logits = model(
+    forward = dict(
         input_ids=rest_ids, attention_mask=torch.cat([prefix_mask[row_prefix], rest_mask], dim=1),
         position_ids=positions, past_key_values=shared, use_cache=True,
-    ).logits
-    logits = logits[:, :-1].float()  # position j predicts rest token j + 1, i.e. column prefix + j + 1
-
-    from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
+    )
+    # Output position j predicts rest token j + 1, i.e. column prefix + j + 1.
+    logprobs, entropy = head_logprobs(
+        model, forward, rest_ids[:, 1:], temperature, with_entropy, entropy_grad, chunk_tokens
+    )
 
     # Back into the rows' own columns; positions past a row's width land in a dropped extra column.
     target = (positions[:, 1:]).clamp(max=input_ids.shape[1])
@@ -85,12 +79,31 @@ def completion_logprobs(
     def place(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros((len(input_ids), input_ids.shape[1] + 1)).scatter(1, target, values)[:, :-1]
 
-    logprobs = place(token_logprobs_from_logits(logits, rest_ids[:, 1:], temperature=temperature))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = place(entropy_from_logits(logits, temperature))
+    logprobs = place(logprobs)
+    if entropy is not None:
+        entropy = place(entropy)
     return logprobs, entropy
+
+
+def _distinct_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor):
+    """(lengths [N], prefix lengths [N], the distinct prefixes [U, W] padded with -1, each row's
+    prefix index [N]), or None when no two rows share one (nothing to gain).
+
+    The prefix of a row is its prompt but the last token, which starts the row's own pass so that
+    its logits (those of the first completion token) come out of that pass."""
+    lengths = attention_mask.sum(dim=1)
+    has_completion = completion_mask.any(dim=1)
+    prompt_lengths = torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths)
+    prefix_lengths = (prompt_lengths - 1).clamp(min=0)
+    width = int(prefix_lengths.max())
+    if width == 0:
+        return None
+    columns = torch.arange(width, device=input_ids.device)
+    keyed = torch.where(columns < prefix_lengths[:, None], input_ids[:, :width], -1)
+    prefixes, row_prefix = torch.unique(keyed, dim=0, return_inverse=True)
+    if len(prefixes) == len(input_ids):
+        return None
+    return lengths, prefix_lengths, prefixes, row_prefix
 
 
 def _plain_dynamic_cache(cache) -> bool:

@@ -140,6 +140,26 @@ def test_shared_prompts_give_the_same_update(local_ray, step_batch):
     assert worst < 1e-4, f"sharing the prompts' forward changed the update by {worst:.2e}"
 
 
+def test_chunked_logprobs_give_the_same_update(local_ray, step_batch):
+    batch, _, advantages, _ = step_batch
+    updates = []
+    for chunk in (0, 3):  # 3 positions a chunk: several chunks per micro-batch, one cut mid-row
+        # An entropy bonus, so the entropy's gradient goes through the chunked backward too.
+        cfg = make_cfg(learner={"logprob_chunk_tokens": chunk}, algorithm={"entropy_coef": 0.01})
+        placement, learners = start_learner_group(local_ray, cfg)
+        before = local_ray.get(learners[0].parameters_snapshot.remote())
+        stats = local_ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        updates.append((local_ray.get(learners[0].parameters_snapshot.remote()), stats.metrics))
+        local_ray.kill(learners[0])
+        placement.remove()
+    (full, full_metrics), (chunked, chunked_metrics) = updates
+    assert max(float(np.abs(full[n] - before[n]).max()) for n in before) > 5e-4
+    # As for shared prompts: a wrong gradient flips Adam's ~lr steps; rounding moves near-zero ones.
+    worst = max(float(np.abs(chunked[n] - full[n]).max()) for n in before)
+    assert worst < 1e-4, f"chunking the LM head changed the update by {worst:.2e}"
+    assert abs(chunked_metrics["actor/entropy"] - full_metrics["actor/entropy"]) <= 1e-5 * full_metrics["actor/entropy"]
+
+
 @pytest.mark.parametrize(
     "backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))]
 )

@@ -65,3 +65,13 @@ def test_prompts_prefilled_once_for_their_samples_draw_what_a_prefill_per_sample
     assert len({c.token_ids for c in flat}) > len(PROMPTS), "the samples of a prompt must differ"
     for c, (row,) in zip(flat, per_row):
         np.testing.assert_allclose(c.logprobs, row.logprobs, atol=1e-5)
+
+
+def test_a_fixed_seed_gives_the_same_samples_and_another_seed_others(engine):
+    def run(seed):
+        sampling = SamplingSettings(samples_per_prompt=4, max_new_tokens=6, temperature=1.0, seed=seed)
+        return [(c.token_ids, c.logprobs) for group in engine.generate(PROMPTS, sampling) for c in group]
+
+    first = run(11)
+    assert run(11) == first
+    assert [ids for ids, _ in run(12)] != [ids for ids, _ in first]
