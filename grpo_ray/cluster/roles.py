@@ -11,12 +11,13 @@ from typing import Any
 
 import ray
 
-from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+from grpo_ray.actors.learner import LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
-from grpo_ray.actors.rollout import LoraShape, RolloutWorker, RolloutWorkerSettings
+from grpo_ray.actors.rollout import RolloutWorker
+from grpo_ray.cluster.settings import learner_settings, rollout_settings
 from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, longest_sequence, plan_lr_segments, plan_resources, syncs_lora_adapter
+from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources
 
 
 @dataclass
@@ -78,70 +79,6 @@ class Workers:
         for actor in self.all().values():
             ray.kill(actor)
         self.placement.remove()
-
-
-def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
-    a, lr, lora = cfg.algorithm, cfg.learner, cfg.model.lora
-    return LearnerSettings(
-        model_path=cfg.model.path,
-        tokenizer_path=cfg.model.tokenizer or cfg.model.path,
-        dtype=cfg.model.dtype,
-        seed=cfg.seed,
-        zero_stage=lr.zero_stage,
-        micro_batch_size=plan.micro_batch_size,
-        grad_accum_steps=plan.grad_accum_steps,
-        lr=lr.lr,
-        weight_decay=lr.weight_decay,
-        betas=tuple(lr.betas),
-        grad_clip=lr.grad_clip,
-        torch_threads=lr.torch_threads,
-        clip_low=a.clip_low,
-        clip_high=a.clip_high,
-        # With the KL placed in the reward, the loss has no KL term.
-        kl_coef=a.kl_coef if a.kl_placement == "loss" else 0.0,
-        kl_estimator=a.kl_estimator,
-        entropy_coef=a.entropy_coef,
-        loss_aggregation=a.loss_aggregation,
-        epochs_per_batch=a.epochs_per_batch,
-        dual_clip=a.dual_clip,
-        tis_cap=a.tis_cap,
-        staleness_is_cap=a.staleness_is_cap,
-        lora_enabled=lora.enabled,
-        lora_rank=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        lora_target_modules=tuple(lora.target_modules),
-        gradient_checkpointing=lr.gradient_checkpointing,
-        share_prompts=lr.share_prompts,
-        quantization=cfg.model.quantization,
-        lr_segments=plan_lr_segments(cfg),
-        offload_optimizer=lr.offload_optimizer,
-        offload_params=lr.offload_params,
-        loss_scale=lr.loss_scale,
-        initial_scale_power=lr.initial_scale_power,
-        loss_scale_window=lr.loss_scale_window,
-        logprob_chunk_tokens=lr.logprob_chunk_tokens,
-    )
-
-
-def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
-    r = cfg.rollout
-    return RolloutWorkerSettings(
-        index=index,
-        backend=r.backend,
-        model_path=cfg.model.path,
-        tokenizer_path=cfg.model.tokenizer or cfg.model.path,
-        dtype=cfg.model.dtype,
-        seed=cfg.seed + index,
-        torch_threads=r.torch_threads,
-        max_model_len=r.vllm.max_model_len or longest_sequence(cfg),
-        vllm_enforce_eager=r.vllm.enforce_eager,
-        vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
-        vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
-        tensor_parallel_size=r.tensor_parallel_size,
-        # The engine holds the same adapter as the learner, and each sync sends only its matrices.
-        lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules) if syncs_lora_adapter(cfg) else None,
-    )
 
 
 def start_learners(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> list[Any]:

@@ -10,7 +10,8 @@ import pytest
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker
 from grpo_ray.cluster.placement import reserve, wait_ready
-from grpo_ray.cluster.roles import rollout_settings, setup_learners, start_learners, start_rollouts
+from grpo_ray.cluster.roles import setup_learners, start_learners, start_rollouts
+from grpo_ray.cluster.settings import rollout_settings
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import RoleResources, config_from_dict, plan_batches
 from grpo_ray.data.loaders import load_rows

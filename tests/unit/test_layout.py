@@ -137,3 +137,41 @@ def test_functions_are_short_enough_to_read():
                 if lines > MAX_FUNCTION_LINES:
                     long[f"{module}.{node.name}"] = lines
     assert long == {}, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_unit_tests_import_no_ray():
+    # A unit test module imports without Ray, directly or through grpo_ray modules that import it
+    # at their top; a test that needs Ray running belongs in tests/integration.
+    unit = PACKAGE.parent / "tests" / "unit"
+    offenders = [str(path.relative_to(unit)) for path in sorted(unit.rglob("test_*.py"))
+                 if "ray" in third_party(reachable_imports(path))]
+    assert offenders == [], f"unit tests that import Ray: {offenders}"
+
+
+def reachable_imports(path: Path) -> set[str]:
+    """Every module imported at module level by the file, following grpo_ray's own modules."""
+    seen: set[str] = set()
+    todo = list(top_level_imports(path))
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        module = name[len("grpo_ray."):] if name.startswith("grpo_ray.") else None
+        if module in MODULES:
+            todo.extend(top_level_imports(MODULES[module]))
+        elif name == "grpo_ray":
+            todo.extend(top_level_imports(MODULES["__init__"]))
+    return seen
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """Modules imported at module level (an import inside a function runs only when called)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names

@@ -1,7 +1,7 @@
 """The DeepSpeed config a learner rank builds from the recipe: offload and mixed precision."""
 
 from grpo_ray.actors.deepspeed_setup import FP16_HYSTERESIS, deepspeed_config
-from grpo_ray.cluster.roles import learner_settings
+from grpo_ray.cluster.settings import learner_settings
 from grpo_ray.config import config_from_dict, plan_batches
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_ray.cluster.roles import learner_settings, rollout_settings
+from grpo_ray.cluster.settings import learner_settings, rollout_settings
 from grpo_ray.config import (
     ConfigError,
     config_from_dict,
