@@ -141,7 +141,7 @@ class BroadcastGroup:
         cls, host: str, port: int, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
     ) -> "BroadcastGroup":
         timeout = datetime.timedelta(seconds=timeout_s)
-        # Listening on `host` only, not every interface (cluster/bind.py).
+        # Listening on `host` only, not every interface (transport/bind.py).
         store = tcp_store(host, port, world_size, is_master=rank == 0, timeout=timeout)
         prefixed = dist.PrefixStore("grpo_ray/weights", store)
         if backend == "nccl":
