@@ -4,6 +4,8 @@ A step's prompts are split evenly across the rollout workers, each returning one
 per learner rank; each slice's rows are split evenly across the reward workers. A worker that died
 is found from the error of the call that waited on it (`CallFailed` carries it to the batch
 builder, which decides what to issue again); cluster/recovery.py brings it back.
+
+Naming rule (from OpenRLHF): functions here that return object references end in `_refs`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """Lay the roles out on the cluster: one placement group reserves every actor's resources before
 anything starts, then each plain class becomes a Ray actor in its bundle.
-
-Naming rule (from OpenRLHF): functions here that return object references end in `_refs`.
 """
 
 from __future__ import annotations
