@@ -24,5 +24,8 @@ def local_ray():
 
 def ray_processes() -> list[str]:
     """Command lines of Ray's own daemons still running on this machine."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if ("raylet" in line or "gcs_server" in line) and "grep" not in line]
+    # A zombie (state Z, "<defunct>") is a process that has already died and waits to be reaped by
+    # its parent (init, for daemons that `ray stop` killed): it holds nothing.
+    out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    return [line.split(None, 1)[1] for line in out.splitlines()
+            if ("raylet" in line or "gcs_server" in line) and "grep" not in line and not line.lstrip().startswith("Z")]
