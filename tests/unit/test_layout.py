@@ -33,8 +33,13 @@ def modules() -> dict[str, Path]:
 
 def imported(path: Path) -> set[str]:
     """Every module name imported anywhere in the file (function-level imports included)."""
+    return import_names(ast.walk(ast.parse(path.read_text())))
+
+
+def import_names(nodes) -> set[str]:
+    """The modules (and `from` names) the import statements among `nodes` name."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -167,11 +172,4 @@ def reachable_imports(path: Path) -> set[str]:
 
 def top_level_imports(path: Path) -> set[str]:
     """Modules imported at module level (an import inside a function runs only when called)."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
+    return import_names(ast.parse(path.read_text()).body)
