@@ -53,11 +53,7 @@ class WorkerRecovery:
             raise err
         role, index = who
         name, old_pid = f"{role}-{index}", self._pids[who]
-        if self._restarts[who] >= self.max_restarts:
-            raise ClusterError(
-                f"{name} (process {old_pid}) died after {self._restarts[who]} restarts, the most "
-                f"ray.max_actor_restarts={self.max_restarts} allows: {error_line(err)}"
-            ) from None
+        self._check_restarts_left(who, f"{name} (process {old_pid})", f": {error_line(err)}")
         started = time.monotonic()
         pid = self._wait_until_back(self._actors[role][index], name)
         if role == "rollout":
@@ -68,9 +64,7 @@ class WorkerRecovery:
         if pid == old_pid:
             self.log(f"{name} (process {pid}) was unreachable for a moment; its calls are issued again")
             return role, index
-        self._restarts[who] += 1
-        self._pids[who] = pid
-        self.replaced[role] += 1
+        self._record_replacement(who, pid)
         self.log(f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
                  + ("; it was given the current weights" if role == "rollout" else ""))
         return role, index
@@ -91,13 +85,9 @@ class WorkerRecovery:
             who, name = ("rollout", index), f"rollout-{index}"
             pid = self._wait_until_back(actor, name)
             if pid != self._pids[who]:
-                if self._restarts[who] >= self.max_restarts:
-                    raise ClusterError(f"{name} died after {self._restarts[who]} restarts, the most "
-                                       f"ray.max_actor_restarts={self.max_restarts} allows") from None
+                self._check_restarts_left(who, name)
                 replaced.append(f"{name} (process {self._pids[who]} -> {pid})")
-                self._restarts[who] += 1
-                self._pids[who] = pid
-                self.replaced["rollout"] += 1
+                self._record_replacement(who, pid)
         if replaced:
             self._resync()
             seconds = time.monotonic() - started
@@ -105,6 +95,16 @@ class WorkerRecovery:
             self.log(f"{', '.join(replaced)} died and {'was' if len(replaced) == 1 else 'were'} replaced in {seconds:.1f} s; "
                      "the weights were sent again")
         return len(replaced)
+
+    def _check_restarts_left(self, who: tuple[str, int], name: str, detail: str = "") -> None:
+        if self._restarts[who] >= self.max_restarts:
+            raise ClusterError(f"{name} died after {self._restarts[who]} restarts, the most "
+                               f"ray.max_actor_restarts={self.max_restarts} allows{detail}") from None
+
+    def _record_replacement(self, who: tuple[str, int], pid: int) -> None:
+        self._restarts[who] += 1
+        self._pids[who] = pid
+        self.replaced[who[0]] += 1
 
     def _wait_until_back(self, actor: Any, name: str) -> int:
         """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran."""
