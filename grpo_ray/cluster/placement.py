@@ -118,7 +118,17 @@ def error_line(err: BaseException) -> str:
     lines = [line.strip() for line in _ANSI.sub("", str(target)).splitlines() if line.strip()]
     if not lines:
         return type(target).__name__
-    return lines[0] if cause is not None else lines[-1]
+    if cause is not None:
+        return lines[0]
+    if lines[0] == ray.exceptions.ActorDiedError.BASE_ERROR_MSG:
+        # A system-level death: Ray's own reason sits between the actor's "key: value" lines and
+        # the closing note ("The actor never ran ..."); the note alone does not say why.
+        reasons = [line for line in lines[1:] if not _ACTOR_FIELD.match(line)]
+        return " ".join(reasons) if reasons else lines[0]
+    return lines[-1]
+
+
+_ACTOR_FIELD = re.compile(r"^(class_name|actor_id|pid|name|namespace|ip): ")
 
 
 def call_on_actor(actor: Any, fn, *args: Any) -> Any:

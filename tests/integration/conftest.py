@@ -1,7 +1,17 @@
 """A real local Ray for the tests in this folder, started once per module and always stopped."""
 
+import contextlib
 import importlib.util
+import os
+import shutil
+import signal
+import socket
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
 
 import pytest
 
@@ -29,3 +39,54 @@ def ray_processes() -> list[str]:
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
     return [line.split(None, 1)[1] for line in out.splitlines()
             if ("raylet" in line or "gcs_server" in line) and "grep" not in line and not line.lstrip().startswith("Z")]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: each socket stays bound until all are chosen (free_port() twice
+    in a row can return the same port, and ray start then fails on the clash; seen here)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def own_ports(metrics: int | None = None) -> list[str]:
+    """Ports a node's agents take: fixed defaults would clash between two nodes on one machine."""
+    agent, agent_grpc, runtime_env, free_metrics = free_ports(4)
+    metrics = metrics or free_metrics
+    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={agent}",
+            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}"]
+
+
+@contextlib.contextmanager
+def ray_head(metrics_port: int | None = None):
+    """`ray start --head` on 127.0.0.1 with its own temp dir and ports, so that its processes (and
+    only they: not another test's Ray, nor a developer's) are found and stopped afterwards.
+    Yields the head's GCS address and its temp dir."""
+    temp_dir = tempfile.mkdtemp(prefix="grr-")  # short: Ray's socket paths live under it
+    (port,) = free_ports(1)
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    try:
+        started = subprocess.run(
+            [str(Path(sys.executable).with_name("ray")), "start", "--head", "--node-ip-address=127.0.0.1",
+             f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}", *own_ports(metrics_port)],
+            capture_output=True, text=True, env=env, timeout=120,
+        )
+        assert started.returncode == 0, f"ray start failed: {started.stdout[-1500:]}{started.stderr[-1500:]}"
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        stop_tree([p for p in psutil.process_iter(["cmdline"]) if any(temp_dir in part for part in p.info["cmdline"] or ())])
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def stop_tree(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=20)
+    for process in alive:
+        process.kill()

@@ -5,11 +5,9 @@ label pool=rollout. Drivers run in their own processes (as under `ray job submit
 one: Ray reads its auth mode once per process.
 """
 
-import contextlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +17,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import ray_processes
+from .conftest import free_ports, own_ports, ray_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -39,24 +37,6 @@ def job_status(cluster, job: str) -> str:
     """The job's final word as `ray job status` prints it: succeeded, was stopped, failed."""
     out = ray_cli("job", "status", "--address", cluster["dashboard"], job)
     return re.search(rf"Job '{job}' (succeeded|was stopped|failed)", out.stdout + out.stderr).group(1)
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: each socket stays bound until all are chosen (free_port() twice
-    in a row can return the same port, and ray start then fails on the clash; seen here)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
-def own_ports() -> list[str]:
-    """Ports a node's agents take: fixed defaults would clash between two nodes on one machine."""
-    agent, agent_grpc, runtime_env, metrics = free_ports(4)
-    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={agent}",
-            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
-            f"--metrics-export-port={metrics}"]
 
 
 @pytest.fixture(scope="module")

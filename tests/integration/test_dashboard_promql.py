@@ -10,19 +10,18 @@ The head is this test's own, on 127.0.0.1, and only its processes are stopped af
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from grpo_ray.transport.broadcast import free_port
+
+from .conftest import free_ports, ray_head
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "grpo-ray.json"
@@ -52,45 +51,18 @@ def dashboard_queries() -> list[str]:
     return [target["expr"] for panel in panels for target in panel.get("targets", [])]
 
 
-def stop_tree(processes: list[psutil.Process]) -> None:
-    for process in processes:
-        try:
-            process.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=20)
-    for process in alive:
-        process.kill()
+@pytest.fixture()
+def metrics_head():
+    """A head of this test's own whose metrics endpoint Prometheus scrapes; every server on 127.0.0.1."""
+    (metrics_port,) = free_ports(1)
+    with ray_head(metrics_port) as (address, _):
+        yield address, metrics_port
 
 
 @pytest.fixture()
-def ray_head():
-    """`ray start --head` with its own temp dir, so that its processes (and only they) can be found
-    and stopped; every server on 127.0.0.1 (see cluster/session.py: _local_node)."""
-    temp_dir = tempfile.mkdtemp(prefix="grr-")  # short: Ray's socket paths live under it
-    port, metrics_port = free_port(), free_port()
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    subprocess.run(
-        [str(Path(sys.executable).with_name("ray")), "start", "--head", "--node-ip-address=127.0.0.1",
-         f"--port={port}", f"--metrics-export-port={metrics_port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats", f"--temp-dir={temp_dir}"],
-        check=True, capture_output=True, env=env, timeout=120,
-    )
-    try:
-        yield f"127.0.0.1:{port}", metrics_port
-    finally:
-        ours = []
-        for process in psutil.process_iter(["cmdline"]):
-            if any(temp_dir in part for part in process.info["cmdline"] or ()):
-                ours.append(process)
-        stop_tree(ours)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-@pytest.fixture()
-def prometheus(tmp_path, ray_head):
+def prometheus(tmp_path, metrics_head):
     binary = prometheus_binary()
-    _, metrics_port = ray_head
+    _, metrics_port = metrics_head
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -127,8 +99,8 @@ def query(url: str, expr: str) -> list[dict]:
     return body["data"]["result"]
 
 
-def test_every_dashboard_query_returns_the_runs_series(tmp_path, ray_head, prometheus):
-    address, _ = ray_head
+def test_every_dashboard_query_returns_the_runs_series(tmp_path, metrics_head, prometheus):
+    address, _ = metrics_head
     out = subprocess.run(
         [sys.executable, "-m", "grpo_ray.cli", "train", str(ROOT / "configs" / "tiny.yaml"),
          "--set", f"output_dir={tmp_path / 'run'}", "--set", "train.steps=4", "--set", "data.eval_limit=20",

@@ -7,25 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from grpo_ray.transport.broadcast import free_port
+from .conftest import ray_head
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
-def head_node(tmp_path):
-    port = free_port()
-    ray_bin = Path(sys.executable).with_name("ray")
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    subprocess.run(
-        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats"],
-        check=True, capture_output=True, env=env, timeout=120,
-    )
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+def head_node():
+    # Every agent on a port of its own: with Ray's fixed defaults (the dashboard agent's 52365), a
+    # node still shutting down from an earlier test can hold them, and the new head's actors are
+    # then cancelled before they start (seen once in CI).
+    with ray_head() as (address, _):
+        yield address
 
 
 def test_train_joins_the_cluster_named_by_ray_address(tmp_path, head_node):
