@@ -9,7 +9,8 @@ this module is the one to edit when it does:
   init_weight_transfer_engine / start_weight_update / update_weights / finish_weight_update;
 - vLLM's layerwise reload (vllm/model_executor/model_loader/reload/), which loads checkpoint-format
   weights into a model whose weights were repacked after loading;
-- the async engine (vllm.v1.engine.async_llm.AsyncLLM) and its engine arguments.
+- the async engine (vllm.v1.engine.async_llm.AsyncLLM), its engine arguments, and the sampling
+  parameters' output kind.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 __all__ = ["WeightTransferEngine", "register_weight_transfer_engine", "start_layerwise_load",
-           "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id"]
+           "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id",
+           "sampling_params"]
 
 
 def register_weight_transfer_engine(name: str, engine_cls: type) -> None:
@@ -75,6 +77,15 @@ def make_async_engine(args):
 def transfer_requests():
     """The request types AsyncLLM's weight-transfer calls take: (init, update)."""
     return WeightTransferInitRequest, WeightTransferUpdateRequest
+
+
+def sampling_params(**kwargs):
+    """SamplingParams whose request yields one output, when every one of its n completions is done
+    (AsyncLLM's default streams partial deltas, a few of the n children at a time)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
 
 
 def request_id(prefix: str) -> str:

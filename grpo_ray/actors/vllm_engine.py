@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from grpo_ray.actors.vllm_compat import engine_args, make_async_engine, request_id, transfer_requests
+from grpo_ray.actors.vllm_compat import engine_args, make_async_engine, request_id, sampling_params, transfer_requests
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
@@ -101,11 +101,9 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------
 
     def generate(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings) -> list[list[Completion]]:
-        from vllm import SamplingParams
-
         greedy = sampling.temperature == 0
         params = [
-            SamplingParams(
+            sampling_params(
                 n=sampling.samples_per_prompt,
                 temperature=sampling.temperature,
                 top_p=1.0 if greedy else sampling.top_p,
@@ -145,11 +143,9 @@ class VllmEngine:
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float) -> np.ndarray:
         """Log-probs [N, T] of given sequences, through vLLM's prompt log-probs (the weight-sync probe)."""
-        from vllm import SamplingParams
-
         lengths = attention_mask.sum(axis=1)
         prompts = [input_ids[i, : lengths[i]].tolist() for i in range(len(input_ids))]
-        params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
+        params = sampling_params(max_tokens=1, temperature=temperature, prompt_logprobs=0)
         outputs = self._run(self._all(prompts, params))
         result = np.zeros(input_ids.shape, dtype=np.float32)
         for i, output in enumerate(outputs):
