@@ -226,7 +226,10 @@ class VllmEngine:
     def shutdown(self) -> None:
         """Stop the engine core and its workers (they are this process's children)."""
         if getattr(self, "llm", None) is not None:
-            self.llm.shutdown()
+            async def stop(llm):  # on the loop its output handler runs on, so that it ends quietly
+                llm.shutdown()
+
+            self._run(stop(self.llm))
             self.llm = None
         if getattr(self, "_loop", None) is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)

@@ -23,15 +23,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from grpo_ray.actors.vllm_compat import (
     WeightTransferEngine,
     finish_layerwise_load,
     register_weight_transfer_engine,
     start_layerwise_load,
 )
-from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, bucket_checksum, device_identity, timed_raw_broadcast
+from grpo_ray.transport.broadcast import (
+    BroadcastGroup,
+    ReceiveTally,
+    arriving_buckets,
+    bucket_checksum,
+    bucket_tensors,
+    device_identity,
+    timed_raw_broadcast,
+)
 from grpo_ray.types import WeightSpec
 
 BACKEND = "grpo_ray"
@@ -97,16 +103,10 @@ class BucketWeightTransferEngine(WeightTransferEngine):
         tally = ReceiveTally()
         dropped = update_info.drop.get(self.shard, update_info.drop.get(str(self.shard)))
         try:
-            for index, flat in enumerate(_received(self.group, self.specs, self.buckets)):
+            for index, flat in arriving_buckets(self.group, self.specs, self.buckets, fresh=True):
                 if index == dropped:
                     continue
-                offset = 0
-                weights = []
-                for i in self.buckets[index]:
-                    spec = self.specs[i]
-                    weights.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
-                    offset += spec.numel
-                self.model.load_weights(weights)
+                self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
                 tally.checksum = bucket_checksum(flat, tally.checksum)
                 tally.num_bytes += flat.numel() * flat.element_size()
         except Exception:
@@ -117,27 +117,6 @@ class BucketWeightTransferEngine(WeightTransferEngine):
 
     def shutdown(self) -> None:
         self.group = None
-
-
-def _received(group: BroadcastGroup, specs: list[WeightSpec], buckets: list[list[int]]):
-    """Yield each bucket's flat tensor as it arrives (the next one's receive is posted first).
-
-    Each bucket gets fresh memory, not the group's reused scratch buffers: vLLM's layerwise reload
-    keeps the tensors handed to load_weights until their layer is complete, which may be a
-    bucket or more later."""
-
-    def post(index: int):
-        bucket = buckets[index]
-        dtype = getattr(torch, specs[bucket[0]].dtype)
-        flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=dtype, device=group.device)
-        return group.broadcast_async(flat), flat
-
-    upcoming = post(0) if buckets else None
-    for index in range(len(buckets)):
-        work, flat = upcoming
-        work.wait()
-        upcoming = post(index + 1) if index + 1 < len(buckets) else None
-        yield flat
 
 
 class GrpoWorkerExtension:
