@@ -200,8 +200,8 @@ class RolloutWorker:
             return method(*args)
         except Exception as err:
             if getattr(self.engine, "dead", False):
-                print(f"{self.name}: its vLLM engine died ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                      "the worker exits so that it is replaced", file=sys.stderr, flush=True)
+                print(f"{self.name}: its vLLM engine died ({type(err).__name__}); the worker exits so that Ray replaces it",
+                      file=sys.stderr, flush=True)
                 os._exit(1)
             raise
 
