@@ -85,12 +85,13 @@ def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learne
 
 
 @NEEDS_VLLM
-@pytest.mark.parametrize("tp", [1, 2])
-def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, tp):
+@pytest.mark.parametrize("engines, tp", [(2, 1), (1, 2)])
+def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
     result = train(quick_cfg(tmp_path, "train.steps=3", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25",
-                             "weight_sync.probe_every=1", "data.eval_limit=50", f"rollout.tensor_parallel_size={tp}"))
-    # Each shard of the engine is a receiving rank of its own.
-    assert f"MB) to {tp} rank{'s' if tp > 1 else ''} over gloo" in capsys.readouterr().out
+                             "weight_sync.probe_every=1", "data.eval_limit=50", f"rollout.tensor_parallel_size={tp}",
+                             f"rollout.num_workers={engines}"))
+    # Each shard of each engine is a receiving rank of its own.
+    assert f"MB) to {engines * tp} ranks over gloo" in capsys.readouterr().out
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert len(probe) == 3 and max(probe.values()) < 1e-3
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-3
