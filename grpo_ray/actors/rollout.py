@@ -2,11 +2,14 @@
 
 A plain class; the cluster layer makes it a Ray actor at spawn time. It never imports DeepSpeed.
 The engine (hf or vllm) sits behind one interface: generate, score, load_weights, bucket_storage.
+A vllm engine's own worker processes join the weight broadcast instead of this process
+(`joins_weight_sync`: one rank per tensor-parallel shard; vllm_engine.py), except with LoRA.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -107,7 +110,7 @@ class RolloutWorker:
         """
         if expected_version is not None and expected_version != self.policy_version:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
-        groups = self.engine.generate([p.token_ids for p in prompts], sampling)
+        groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
             for k, (prompt, completions) in enumerate(zip(prompts, groups))
@@ -124,31 +127,57 @@ class RolloutWorker:
         return slices[0] if num_slices == 1 else slices
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-        return self.engine.score(input_ids, attention_mask, temperature)
+        return self._engine_call(self.engine.score, input_ids, attention_mask, temperature)
 
     # -- weight sync -----------------------------------------------------------------------------
 
-    def device_identity(self) -> str | None:
-        """This worker's GPU (for the weight sync's choice of backend), None on CPU."""
-        return device_identity()
+    def sync_ranks(self) -> int:
+        """How many ranks of the weight-broadcast group this worker takes: one per vLLM shard whose
+        workers receive the weights themselves, else one (this process)."""
+        return self.engine.num_ranks if getattr(self.engine, "joins_weight_sync", False) else 1
+
+    def device_identity(self) -> list[str | None]:
+        """The GPU of each of this worker's broadcast ranks (for the choice of backend), None on CPU."""
+        if getattr(self.engine, "joins_weight_sync", False):
+            return self._engine_call(self.engine.device_identities)
+        return [device_identity()]
 
     def join_weight_sync(
-        self, host: str, port: int, world_size: int, specs: list[WeightSpec], buckets: list[list[int]],
-        backend: str, timeout_s: float,
+        self, host: str, port: int, rank_offset: int, world_size: int, specs: list[WeightSpec],
+        buckets: list[list[int]], backend: str, timeout_s: float,
     ) -> None:
+        """Join the broadcast group as ranks rank_offset .. rank_offset + sync_ranks() - 1."""
         self._specs, self._buckets = specs, buckets
-        self._group = BroadcastGroup.join(host, port, self.settings.index + 1, world_size, backend, timeout_s)
+        if getattr(self.engine, "joins_weight_sync", False):
+            self._group = None
+            self._engine_call(self.engine.join_weight_sync, host, port, rank_offset, world_size, specs, buckets,
+                              backend, timeout_s)
+            return
+        self._group = BroadcastGroup.join(host, port, rank_offset, world_size, backend, timeout_s)
         # Where the engine can, its weights become the buckets' storage: received in place, no load copy.
         self._in_place = self.engine.bucket_storage(specs, buckets, self._group.device)
 
     def raw_broadcast(self, num_bytes: int) -> float:
         """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick)."""
+        if getattr(self.engine, "joins_weight_sync", False):
+            return self._engine_call(self.engine.raw_broadcast, num_bytes)
         return timed_raw_broadcast(self._group, num_bytes)
 
-    def receive_weights(self, version: int) -> SyncReport:
-        """Receive every bucket from learner rank 0 and load it into the engine in place."""
-        assert self._group is not None, "join_weight_sync first"
+    def drop_bucket_in_next_sync(self, shard: int, bucket: int) -> None:
+        """Fault drill (tests): in the next sync, vLLM shard `shard` neither loads nor counts `bucket`."""
+        self._drop = {shard: bucket}
+
+    def receive_weights(self, version: int) -> list[SyncReport]:
+        """Receive every bucket from learner rank 0 and load it into the engine in place: one report
+        per broadcast rank of this worker (a vLLM engine's shards each report what they loaded)."""
         started = time.perf_counter()
+        if getattr(self.engine, "joins_weight_sync", False):
+            drop, self._drop = getattr(self, "_drop", None), None
+            shards = self._engine_call(self.engine.receive_weights, version, drop)
+            self.policy_version = version
+            return [SyncReport(who=f"{self.name} (tp rank {s['shard']})", version=version, checksum=s["checksum"],
+                               num_bytes=s["num_bytes"], seconds=s["seconds"]) for s in shards]
+        assert self._group is not None, "join_weight_sync first"
         tally = ReceiveTally()
         try:
             if self._in_place is not None:
@@ -159,10 +188,22 @@ class RolloutWorker:
             self._group = None  # broken (the sender or a peer died): the driver forms a new one
             raise
         self.policy_version = version
-        return SyncReport(
+        return [SyncReport(
             who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,
             seconds=time.perf_counter() - started,
-        )
+        )]
+
+    def _engine_call(self, method, *args):
+        """Call the engine; if its processes died, end this worker (one line naming it), so that Ray
+        restarts it with a fresh engine and the driver's recovery brings it to the current weights."""
+        try:
+            return method(*args)
+        except Exception as err:
+            if getattr(self.engine, "dead", False):
+                print(f"{self.name}: its vLLM engine died ({type(err).__name__}); the worker exits so that Ray replaces it",
+                      file=sys.stderr, flush=True)
+                os._exit(1)
+            raise
 
 
 class StaleWeightsError(RuntimeError):

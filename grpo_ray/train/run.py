@@ -76,7 +76,9 @@ class Run:
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
                                       self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
-        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) over {self.sync.backend}: {self.sync.backend_reason}")
+        receivers = self.sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
+        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) to {receivers} "
+                          f"rank{'s' if receivers > 1 else ''} over {self.sync.backend}: {self.sync.backend_reason}")
         self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

@@ -305,30 +305,50 @@ def receive_into(group: BroadcastGroup, storage: list[torch.Tensor], tally: Rece
 def receive_buckets(
     group: BroadcastGroup, specs: list[WeightSpec], buckets: list[list[int]], tally: ReceiveTally
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) as buckets arrive, for an engine that loads weights itself (vLLM);
-    `tally` holds the checksum once exhausted.
+    """Yield (name, tensor) as buckets arrive, for an engine that loads weights itself (vLLM's
+    adapter path); `tally` holds the checksum once exhausted.
 
     A generator, so an engine's load loop pulls one bucket at a time and never holds a second
-    full copy of the model. The next bucket's receive is posted before this one is checksummed
-    and loaded, so it arrives meanwhile. Buckets land in the group's two scratch buffers, in turn:
-    a yielded tensor is valid until the item after the next is asked for, so the consumer must
-    copy it (every engine's load does) rather than keep it.
+    full copy of the model. Buckets land in the group's two scratch buffers, in turn: a yielded
+    tensor is valid until the item after the next is asked for, so the consumer must copy it
+    (every engine's load does) rather than keep it.
+    """
+    for index, flat in arriving_buckets(group, specs, buckets):
+        tally.checksum = bucket_checksum(flat, tally.checksum)
+        tally.num_bytes += flat.numel() * flat.element_size()
+        yield from bucket_tensors(flat, specs, buckets[index])
+
+
+def arriving_buckets(
+    group: BroadcastGroup, specs: list[WeightSpec], buckets: list[list[int]], fresh: bool = False
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """Yield (index, flat tensor) of each bucket as it arrives. The next bucket's receive is posted
+    before this one is yielded, so it arrives while this one is checksummed and loaded.
+
+    fresh: each bucket in memory of its own, kept as long as the consumer holds it (vLLM's
+    layerwise reload keeps what it was handed until its layer is complete); else the group's two
+    scratch buffers in turn, a bucket valid until the one after the next is asked for.
     """
 
     def post(index: int):
         bucket = buckets[index]
-        flat = group.scratch(_dtype(specs[bucket[0]].dtype), sum(specs[i].numel for i in bucket), index % 2)
+        dtype, numel = _dtype(specs[bucket[0]].dtype), sum(specs[i].numel for i in bucket)
+        flat = torch.empty(numel, dtype=dtype, device=group.device) if fresh else group.scratch(dtype, numel, index % 2)
         return group.broadcast_async(flat), flat
 
     upcoming = post(0) if buckets else None
-    for index, bucket in enumerate(buckets):
+    for index in range(len(buckets)):
         work, flat = upcoming
         work.wait()
         upcoming = post(index + 1) if index + 1 < len(buckets) else None
-        tally.checksum = bucket_checksum(flat, tally.checksum)
-        tally.num_bytes += flat.numel() * flat.element_size()
-        offset = 0
-        for i in bucket:
-            spec = specs[i]
-            yield spec.name, flat[offset : offset + spec.numel].view(spec.shape)
-            offset += spec.numel
+        yield index, flat
+
+
+def bucket_tensors(flat: torch.Tensor, specs: list[WeightSpec], bucket: list[int]) -> list[tuple[str, torch.Tensor]]:
+    """(name, view) of each tensor of one received bucket, in the bucket's order."""
+    views, offset = [], 0
+    for i in bucket:
+        spec = specs[i]
+        views.append((spec.name, flat[offset : offset + spec.numel].view(spec.shape)))
+        offset += spec.numel
+    return views

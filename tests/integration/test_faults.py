@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.config import load_config
 from grpo_ray.train.loop import train
 
-from .conftest import ray_processes
+from .conftest import HAS_VLLM, ray_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -207,3 +207,55 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, s
     # Every prompt's group once, on the current weights: the hurt run is the straight run, step by step.
     assert_same_steps(straight, uri, run.info.run_id)
     assert not ray_processes()
+
+
+def kill_engine_core(proc: subprocess.Popen, lines: list[str], killed: list[int]) -> None:
+    """After step 2 was printed, SIGKILL the vLLM engine core under rollout-0 (a child of its actor)."""
+    while proc.poll() is None and not killed:
+        if any(line.startswith("step 2/") for line in lines):
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                try:
+                    if child.cmdline()[:1] == ["VLLM::EngineCore"]:
+                        child.send_signal(signal.SIGKILL)
+                        killed.append(child.pid)
+                        return
+                except psutil.Error:
+                    continue
+        time.sleep(0.01)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_it(tmp_path):
+    out = tmp_path / "vllm"
+    proc = subprocess.Popen(command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    lines, killed = [], []
+    killer = threading.Thread(target=kill_engine_core, args=(proc, lines, killed), daemon=True)
+    killer.start()
+    for line in proc.stdout:
+        lines.append(line)
+    assert proc.wait(timeout=60) == 0, "".join(lines)[-3000:]
+    killer.join()
+    text = "".join(lines)
+    assert killed, f"no vLLM engine core was seen after step 2: {text[-2000:]}"
+    died = [line for line in lines if "rollout-0: its vLLM engine died" in line]
+    assert len(died) == 1, text[-3000:]
+    assert "rollout-0 died and was replaced by process" in text and "it was given the current weights" in text
+
+    (run,) = top_level_runs(out)
+    replaced = per_step(f"sqlite:///{out / 'mlflow.db'}", run.info.run_id, "faults/rollout_replaced")
+    assert sorted(replaced) == [1, 2, 3, 4] and sum(replaced.values()) == 1.0
+    # No engine process outlives the run: a worker exits within seconds of its engine core (vLLM's
+    # death pipe); an orphan is re-parented to init, and a zombie holds nothing.
+    deadline = time.monotonic() + 20
+    while (orphans := vllm_orphans()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not orphans, f"vLLM processes left behind: {orphans}"
+
+
+def vllm_orphans() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline", "ppid", "status"])
+            if (p.info["cmdline"] or [""])[0].startswith("VLLM::") and p.info["ppid"] == 1
+            and p.info["status"] != psutil.STATUS_ZOMBIE]

