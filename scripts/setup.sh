@@ -19,3 +19,12 @@ if ! python -c "import vllm" >/dev/null 2>&1; then
   pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 python -c "import torch, ray, deepspeed, vllm, mlflow, math_verify; print('grpo-ray environment ready: torch', torch.__version__, '| ray', ray.__version__, '| vllm', vllm.__version__)"
+# DeepSpeed's CPU Adam (learner.offload_optimizer: cpu) compiles on first use (~45 s on 2 cores):
+# build it here, once, into this checkout's .cache/torch_extensions, so no run or test waits for it.
+python - <<'PY' 2>&1 | grep -v "Setting accelerator to CPU" || true
+from grpo_ray.actors.deepspeed_setup import use_checkout_extensions_dir
+use_checkout_extensions_dir()
+from deepspeed.ops.op_builder import CPUAdamBuilder
+CPUAdamBuilder().load(verbose=False)
+print("DeepSpeed CPU Adam built in .cache/torch_extensions")
+PY

@@ -61,13 +61,18 @@ def own_ports(metrics: int | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def ray_head(metrics_port: int | None = None):
+def ray_head(metrics_port: int | None = None, loopback_only: bool = False):
     """`ray start --head` on 127.0.0.1 with its own temp dir and ports, so that its processes (and
     only they: not another test's Ray, nor a developer's) are found and stopped afterwards.
-    Yields the head's GCS address and its temp dir."""
+    Yields the head's GCS address and its temp dir.
+
+    loopback_only: every server binds 127.0.0.1 (see cluster/session.py: _local_node); its drivers
+    then need RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 too, or they look for the GCS on the network address."""
     temp_dir = tempfile.mkdtemp(prefix="grr-")  # short: Ray's socket paths live under it
     (port,) = free_ports(1)
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    if loopback_only:
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
         started = subprocess.run(
             [str(Path(sys.executable).with_name("ray")), "start", "--head", "--node-ip-address=127.0.0.1",

@@ -24,7 +24,7 @@ from grpo_ray.train.loop import train
 from grpo_ray.train.run import current_phase
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = ["train.steps=150", "train.eval_every=10", "train.checkpoint_every=5", "train.checkpoint_every_minutes=0",
+SETTINGS = ["train.steps=100", "train.eval_every=10", "train.checkpoint_every=5", "train.checkpoint_every_minutes=0",
             "data.eval_limit=20", "rollout.num_workers=2", "reward.num_workers=2", "ray.max_actor_restarts=20", "ray.num_cpus=4"]
 # Phases a kill waits for, in schedule order; the roles it may hit in each.
 PHASES = ["update", "sync", "rollout", "evaluation", "reward", "checkpoint", "update", "sync", "advantages", "rollout"]

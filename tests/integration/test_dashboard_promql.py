@@ -55,7 +55,7 @@ def dashboard_queries() -> list[str]:
 def metrics_head():
     """A head of this test's own whose metrics endpoint Prometheus scrapes; every server on 127.0.0.1."""
     (metrics_port,) = free_ports(1)
-    with ray_head(metrics_port) as (address, _):
+    with ray_head(metrics_port, loopback_only=True) as (address, _):
         yield address, metrics_port
 
 

@@ -22,7 +22,6 @@ from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.train.inputs import make_probe
 from grpo_ray.types import LearnerShard, SamplingSettings
 
-from .conftest import HAS_VLLM
 
 PROMPTS, SAMPLES = 8, 4  # 32 completions per step
 
@@ -161,9 +160,8 @@ def test_chunked_logprobs_give_the_same_update(local_ray, step_batch):
     assert abs(chunked_metrics["actor/entropy"] - full_metrics["actor/entropy"]) <= 1e-5 * full_metrics["actor/entropy"]
 
 
-@pytest.mark.parametrize(
-    "backend", ["hf", pytest.param("vllm", marks=pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed"))]
-)
+# The vllm engine's side of this is test_vllm_engine.py (every shard of a TP-2 engine, every sync).
+@pytest.mark.parametrize("backend", ["hf"])
 def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backend):
     ray = local_ray
     batch, _, advantages, probe = step_batch
