@@ -22,7 +22,10 @@ def head_node():
 
 
 def test_train_joins_the_cluster_named_by_ray_address(tmp_path, head_node):
-    env = dict(os.environ, RAY_ADDRESS=head_node, PYTHONUNBUFFERED="1")
+    # The head runs without token authentication; so must its drivers. (An in-process ray.init of an
+    # earlier test leaves RAY_AUTH_MODE=token in this process's environment: a driver that inherits
+    # it had its actors cancelled before they started, which CI saw.)
+    env = dict(os.environ, RAY_ADDRESS=head_node, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
     out = subprocess.run(
         [sys.executable, "-m", "grpo_ray.cli", "train", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}",
          "--set", "train.steps=2", "--set", "data.eval_limit=20"],
