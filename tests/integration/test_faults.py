@@ -163,8 +163,9 @@ def slow_exact_match(completions, prompts, answers, **fields):
 
 
 def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: list[int]) -> None:
-    """After step 2 was printed, SIGKILL the first process whose Ray title shows it inside `title`
-    (Ray renames a worker process `ray::Class.method` while it runs a call)."""
+    """After step 2 was printed, SIGKILL the first process of the run titled `title`: a Ray worker
+    inside a call (Ray renames it `ray::Class.method` while it runs one), or vLLM's engine core
+    (`VLLM::EngineCore`, a child of its rollout actor)."""
     while proc.poll() is None and not killed:
         if any(line.startswith("step 2/") for line in lines):
             for child in psutil.Process(proc.pid).children(recursive=True):
@@ -178,14 +179,10 @@ def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: 
         time.sleep(0.002)
 
 
-@pytest.mark.parametrize("role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")])
-def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
-    extra = []
-    if role == "reward":
-        (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
-        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]"]
-    out = tmp_path / role
-    proc = subprocess.Popen(command(out, *extra), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
+    """Run `grpo-ray` with `args` to its end while kill_mid_call waits for `title`; its output
+    lines and the pids killed. The run itself must succeed."""
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     lines, killed = [], []
     killer = threading.Thread(target=kill_mid_call, args=(proc, title, lines, killed), daemon=True)
@@ -194,6 +191,17 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, s
         lines.append(line)
     assert proc.wait(timeout=60) == 0, "".join(lines)[-3000:]
     killer.join()
+    return lines, killed
+
+
+@pytest.mark.parametrize("role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")])
+def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
+    extra = []
+    if role == "reward":
+        (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
+        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]"]
+    out = tmp_path / role
+    lines, killed = run_killing(command(out, *extra), title)
     text = "".join(lines)
     assert killed, f"no {title} process was seen after step 2: {text[-2000:]}"
     assert f"{role}-0 died and was replaced by process" in text
@@ -209,35 +217,12 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, s
     assert not ray_processes()
 
 
-def kill_engine_core(proc: subprocess.Popen, lines: list[str], killed: list[int]) -> None:
-    """After step 2 was printed, SIGKILL the vLLM engine core under rollout-0 (a child of its actor)."""
-    while proc.poll() is None and not killed:
-        if any(line.startswith("step 2/") for line in lines):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                try:
-                    if child.cmdline()[:1] == ["VLLM::EngineCore"]:
-                        child.send_signal(signal.SIGKILL)
-                        killed.append(child.pid)
-                        return
-                except psutil.Error:
-                    continue
-        time.sleep(0.01)
-
-
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
 def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_it(tmp_path):
     out = tmp_path / "vllm"
-    proc = subprocess.Popen(command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    lines, killed = [], []
-    killer = threading.Thread(target=kill_engine_core, args=(proc, lines, killed), daemon=True)
-    killer.start()
-    for line in proc.stdout:
-        lines.append(line)
-    assert proc.wait(timeout=60) == 0, "".join(lines)[-3000:]
-    killer.join()
+    lines, killed = run_killing(
+        command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25"), "VLLM::EngineCore")
     text = "".join(lines)
     assert killed, f"no vLLM engine core was seen after step 2: {text[-2000:]}"
     died = [line for line in lines if "rollout-0: its vLLM engine died" in line]
