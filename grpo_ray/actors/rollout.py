@@ -87,6 +87,7 @@ class RolloutWorker:
         self._specs: list[WeightSpec] = []
         self._buckets: list[list[int]] = []
         self._in_place: list | None = None  # the engine's weights as one tensor per bucket (hf engine)
+        self._drop: dict[int, int] | None = None  # fault drill for the next sync (drop_bucket_in_next_sync)
 
     def ready(self) -> str:
         return self.name
@@ -131,14 +132,15 @@ class RolloutWorker:
 
     # -- weight sync -----------------------------------------------------------------------------
 
-    def sync_ranks(self) -> int:
-        """How many ranks of the weight-broadcast group this worker takes: one per vLLM shard whose
-        workers receive the weights themselves, else one (this process)."""
-        return self.engine.num_ranks if getattr(self.engine, "joins_weight_sync", False) else 1
+    @property
+    def _shards_receive(self) -> bool:
+        """Whether the engine's own worker processes take the broadcast ranks (vLLM without LoRA)."""
+        return getattr(self.engine, "joins_weight_sync", False)
 
     def device_identity(self) -> list[str | None]:
-        """The GPU of each of this worker's broadcast ranks (for the choice of backend), None on CPU."""
-        if getattr(self.engine, "joins_weight_sync", False):
+        """The GPU of each of this worker's broadcast ranks (for the choice of backend), None on CPU;
+        its length is the number of ranks the worker takes."""
+        if self._shards_receive:
             return self._engine_call(self.engine.device_identities)
         return [device_identity()]
 
@@ -146,9 +148,9 @@ class RolloutWorker:
         self, host: str, port: int, rank_offset: int, world_size: int, specs: list[WeightSpec],
         buckets: list[list[int]], backend: str, timeout_s: float,
     ) -> None:
-        """Join the broadcast group as ranks rank_offset .. rank_offset + sync_ranks() - 1."""
+        """Join the broadcast group as ranks rank_offset .. rank_offset + len(device_identity()) - 1."""
         self._specs, self._buckets = specs, buckets
-        if getattr(self.engine, "joins_weight_sync", False):
+        if self._shards_receive:
             self._group = None
             self._engine_call(self.engine.join_weight_sync, host, port, rank_offset, world_size, specs, buckets,
                               backend, timeout_s)
@@ -159,7 +161,7 @@ class RolloutWorker:
 
     def raw_broadcast(self, num_bytes: int) -> float:
         """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick)."""
-        if getattr(self.engine, "joins_weight_sync", False):
+        if self._shards_receive:
             return self._engine_call(self.engine.raw_broadcast, num_bytes)
         return timed_raw_broadcast(self._group, num_bytes)
 
@@ -171,8 +173,8 @@ class RolloutWorker:
         """Receive every bucket from learner rank 0 and load it into the engine in place: one report
         per broadcast rank of this worker (a vLLM engine's shards each report what they loaded)."""
         started = time.perf_counter()
-        if getattr(self.engine, "joins_weight_sync", False):
-            drop, self._drop = getattr(self, "_drop", None), None
+        if self._shards_receive:
+            drop, self._drop = self._drop, None
             shards = self._engine_call(self.engine.receive_weights, version, drop)
             self.policy_version = version
             return [SyncReport(who=f"{self.name} (tp rank {s['shard']})", version=version, checksum=s["checksum"],

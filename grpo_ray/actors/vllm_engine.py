@@ -57,7 +57,6 @@ class VllmEngine:
         lora=None,
     ):
         self.tokenizer = tokenizer
-        self.tensor_parallel_size = tensor_parallel_size
         kwargs = dict(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs", tensor_parallel_size=tensor_parallel_size,
@@ -160,10 +159,6 @@ class VllmEngine:
     def joins_weight_sync(self) -> bool:
         """True: the engine's workers join the broadcast group themselves (one rank per shard)."""
         return self.lora is None
-
-    @property
-    def num_ranks(self) -> int:
-        return self.tensor_parallel_size if self.joins_weight_sync else 1
 
     def device_identities(self) -> list[str | None]:
         """Each shard's GPU (None on CPU), in shard order."""

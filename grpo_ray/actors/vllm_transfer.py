@@ -33,7 +33,6 @@ from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     ReceiveTally,
     arriving_buckets,
-    bucket_checksum,
     bucket_tensors,
     device_identity,
     timed_raw_broadcast,
@@ -107,8 +106,7 @@ class BucketWeightTransferEngine(WeightTransferEngine):
                 if index == dropped:
                     continue
                 self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
-                tally.checksum = bucket_checksum(flat, tally.checksum)
-                tally.num_bytes += flat.numel() * flat.element_size()
+                tally.add(flat)
         except Exception:
             self.group = None  # broken (the sender or a peer died): the driver forms a new one
             raise

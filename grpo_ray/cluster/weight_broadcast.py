@@ -1,8 +1,8 @@
 """Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
 
-The group's ranks: learner rank 0 is rank 0; each rollout worker then takes `sync_ranks()` ranks in
-turn, one per vLLM tensor-parallel shard when the engine's own workers receive the weights, else
-one. Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
+The group's ranks: learner rank 0 is rank 0; each rollout worker then takes, in turn, one rank per
+entry of its `device_identity()`: one per vLLM tensor-parallel shard when the engine's own workers
+receive the weights, else one. Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
 received and loaded must equal the one learner rank 0 computed over what it sent; a vLLM shard
 that missed a bucket is named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine scores
 a fixed probe sequence and its log-probs must match the learner's: a checksum of the engine's own

@@ -289,6 +289,11 @@ class ReceiveTally:
     checksum: int = 0
     num_bytes: int = 0
 
+    def add(self, flat: torch.Tensor) -> None:
+        """Count one received bucket, in order: its digest chained on, its bytes."""
+        self.checksum = bucket_checksum(flat, self.checksum)
+        self.num_bytes += flat.numel() * flat.element_size()
+
 
 def receive_into(group: BroadcastGroup, storage: list[torch.Tensor], tally: ReceiveTally) -> None:
     """Receive every bucket straight into its tensor of `storage` (see bucket_storage).
@@ -298,8 +303,7 @@ def receive_into(group: BroadcastGroup, storage: list[torch.Tensor], tally: Rece
     works = [group.broadcast_async(flat) for flat in storage]
     for work, flat in zip(works, storage):
         work.wait()
-        tally.checksum = bucket_checksum(flat, tally.checksum)
-        tally.num_bytes += flat.numel() * flat.element_size()
+        tally.add(flat)
 
 
 def receive_buckets(
@@ -314,8 +318,7 @@ def receive_buckets(
     (every engine's load does) rather than keep it.
     """
     for index, flat in arriving_buckets(group, specs, buckets):
-        tally.checksum = bucket_checksum(flat, tally.checksum)
-        tally.num_bytes += flat.numel() * flat.element_size()
+        tally.add(flat)
         yield from bucket_tensors(flat, specs, buckets[index])
 
 
