@@ -72,6 +72,12 @@ class HFEngine:
         completions = self._completions(generated, logprobs)
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
 
+    def generate_stream(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings,
+                        stop=None) -> Iterator[tuple[int, list[Completion]]]:
+        """(k, prompt k's completions) for every prompt: transformers generates the batch as one, so
+        every group finishes at once (`stop` has nothing to abort)."""
+        yield from enumerate(self.generate(prompts, sampling))
+
     def _prompt_cache(self, input_ids: torch.Tensor, attention: torch.Tensor, samples_per_prompt: int):
         """The KV cache of every prompt but its last token, computed once per prompt and repeated
         for its G samples (row i*G+j is sample j of prompt i, as num_return_sequences orders them).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +128,34 @@ class RolloutWorker:
         )
         return slices[0] if num_slices == 1 else slices
 
+    def generate_chunks(
+        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, groups_per_chunk: int,
+        expected_version: int | None = None, stop: Callable[[], bool] | None = None,
+    ) -> Iterator[RolloutSlice]:
+        """Completions for `prompts`, handed back as they finish: a slice of `groups_per_chunk` whole
+        groups each time that many are done (the last one may hold fewer), in the order they finish.
+
+        The cluster layer runs it as a streaming call (each slice an object ref the moment it is
+        yielded) and passes `stop`, true once the driver cancelled the call: the engine then aborts
+        the requests still running. Group ids and sampling seeds are those of `generate`."""
+        if expected_version is not None and expected_version != self.policy_version:
+            raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
+        pad = self.tokenizer.pad_token_id
+        done: list[tuple[int, list]] = []
+        stream = self._engine_call(self.engine.generate_stream, [p.token_ids for p in prompts], sampling, stop)
+        for k, completions in self._engine_stream(stream):
+            done.append((k, completions))
+            if len(done) == groups_per_chunk:
+                yield self._chunk(done, prompts, group_offset, pad)
+                done = []
+        if done and not (stop is not None and stop()):
+            yield self._chunk(done, prompts, group_offset, pad)
+
+    def _chunk(self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int) -> RolloutSlice:
+        rows = [(group_offset + k, prompts[k], completion) for k, completions in groups for completion in completions]
+        diversity = {group_offset + k: group_distinct_ratio([c.text for c in completions]) for k, completions in groups}
+        return pack_slice(rows, pad, self.policy_version, diversity)
+
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         return self._engine_call(self.engine.score, input_ids, attention_mask, temperature)
 
@@ -194,6 +223,15 @@ class RolloutWorker:
             who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,
             seconds=time.perf_counter() - started,
         )]
+
+    def _engine_stream(self, stream: Iterator):
+        """Iterate an engine's stream as _engine_call calls a method (a dead engine ends the worker)."""
+        while True:
+            try:
+                item = self._engine_call(next, stream)
+            except StopIteration:
+                return
+            yield item
 
     def _engine_call(self, method, *args):
         """Call the engine; if its processes died, end this worker (one line naming it), so that Ray

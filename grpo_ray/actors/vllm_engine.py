@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -100,6 +101,15 @@ class VllmEngine:
     # -- generation ------------------------------------------------------------------------------
 
     def generate(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings) -> list[list[Completion]]:
+        groups = dict(self.generate_stream(prompts, sampling))
+        return [groups[k] for k in range(len(prompts))]
+
+    def generate_stream(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings,
+                        stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, list[Completion]]]:
+        """(k, prompt k's completions) as each prompt's group finishes, in the order they finish.
+
+        `stop` is asked between groups (and every 50 ms while none finishes): True aborts the
+        requests still running and ends the stream. The seeds do not depend on the finishing order."""
         greedy = sampling.temperature == 0
         params = [
             sampling_params(
@@ -113,11 +123,47 @@ class VllmEngine:
             )
             for k in range(len(prompts))
         ]
-        outputs = self._run(self._all([list(ids) for ids in prompts], params))
-        return [[self._completion(sample) for sample in output.outputs] for output in outputs]
+        finished: queue.Queue = queue.Queue()
+        running = self._run(self._each([list(ids) for ids in prompts], params, finished))
+        try:
+            for _ in range(len(prompts)):
+                while True:
+                    try:
+                        k, output = finished.get(timeout=0.05)
+                        break
+                    except queue.Empty:
+                        if stop is not None and stop():
+                            return
+                if isinstance(output, BaseException):
+                    raise output
+                yield k, [self._completion(sample) for sample in output.outputs]
+                if stop is not None and stop():
+                    return
+        finally:  # a stream stopped early (or abandoned) aborts what is still generating
+            self._loop.call_soon_threadsafe(running.cancel)
+
+    async def _each(self, prompts: list[list[int]], params: list, finished: queue.Queue) -> asyncio.Future:
+        """Start every request (the engine batches them); each one's final output goes to
+        `finished` as (k, output), an error as (k, error). Returns the future of them all."""
+        async def one(k, ids, sampling_params):
+            try:
+                final = None
+                async for output in self.llm.generate({"prompt_token_ids": ids}, sampling_params, request_id("grpo"),
+                                                      lora_request=self.lora_request):
+                    final = output
+                finished.put((k, final))
+            except asyncio.CancelledError:  # the stream was stopped: AsyncLLM aborts the request
+                raise
+            except Exception as err:  # noqa: BLE001 - handed to the reading thread, which raises it
+                finished.put((k, err))
+
+        everything = asyncio.gather(*(one(k, ids, p) for k, (ids, p) in enumerate(zip(prompts, params))))
+        # Stopped early, it ends cancelled: say it was seen, or asyncio logs it as never retrieved.
+        everything.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return everything
 
     async def _all(self, prompts: list[list[int]], params) -> list:
-        """Every request at once (the engine batches them); each one's final output, in order."""
+        """Every request at once; each one's final output, in order (the probe's scoring)."""
         async def one(ids, sampling_params):
             final = None
             async for output in self.llm.generate({"prompt_token_ids": ids}, sampling_params, request_id("grpo"),
@@ -125,9 +171,7 @@ class VllmEngine:
                 final = output
             return final
 
-        if not isinstance(params, list):
-            params = [params] * len(prompts)
-        return await asyncio.gather(*(one(ids, p) for ids, p in zip(prompts, params)))
+        return await asyncio.gather(*(one(ids, params) for ids in prompts))
 
     @staticmethod
     def _completion(sample) -> Completion:

@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "GroupAccumulator",
+    "groups_needed",
     "group_index",
     "select_informative_rows",
     "zero_variance_groups",
@@ -62,6 +63,29 @@ def zero_variance_groups(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarr
 def select_informative_rows(rewards: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
     """[M] int64, ascending: the rows of every group that is NOT zero-variance."""
     return np.flatnonzero(~zero_variance_groups(rewards, group_ids)).astype(np.int64)
+
+
+def groups_needed(rewards: np.ndarray, group_ids: np.ndarray, first_group: int, num_groups: int, need: int) -> int | None:
+    """How many of the groups first_group, first_group + 1, ... (num_groups of them) it takes to
+    hold `need` informative groups, once the groups seen so far settle it; None while they do not.
+
+    rewards / group_ids: the rows of the groups seen so far (any order, any subset). Reading the
+    groups in id order, not in the order they were seen, makes the answer depend only on their
+    contents: a streamed rollout stops at the same group whichever group finished first. When every
+    group was seen and fewer than `need` are informative, the answer is num_groups (all of them).
+    """
+    if need <= 0:
+        return 0
+    seen = set(np.unique(group_ids).tolist())
+    informative = set(np.unique(np.asarray(group_ids)[select_informative_rows(rewards, group_ids)]).tolist())
+    count = 0
+    for k in range(num_groups):
+        if first_group + k not in seen:
+            return None
+        count += first_group + k in informative
+        if count >= need:
+            return k + 1
+    return num_groups
 
 
 class GroupAccumulator:

@@ -14,6 +14,7 @@ import ray
 
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import pool_bounds, worker_share
+from grpo_ray.cluster.tasks import task_cancelled
 from grpo_ray.config import Config
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
@@ -50,6 +51,19 @@ def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: Sa
                   version: int | None = None) -> list:
     out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices, version)
     return out if num_slices > 1 else [out]
+
+
+def chunk_stream(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, groups_per_chunk: int,
+                 version: int | None = None):
+    """A streaming call: an ObjectRefGenerator of RolloutSlice refs, one per `groups_per_chunk`
+    finished groups (RolloutWorker.generate_chunks). ray.cancel(stream) makes the worker abort."""
+    return worker.generate_chunks.options(num_returns="streaming").remote(
+        prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
+
+
+def chunk_sizes(groups: int, groups_per_chunk: int) -> list[int]:
+    """The group count of each chunk a worker streams for `groups` prompts."""
+    return [min(groups_per_chunk, groups - start) for start in range(0, groups, groups_per_chunk)]
 
 
 def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:

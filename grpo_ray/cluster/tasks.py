@@ -21,3 +21,9 @@ def _apply(fn: Callable, *args: Any) -> Any:
 def beside_data(fn: Callable, *args: Any):
     """ObjectRef of fn(*args) computed by a task; pass the slices' refs as top-level arguments."""
     return _apply.remote(fn, *args)
+
+
+def task_cancelled() -> bool:
+    """Inside an actor call: whether the caller cancelled it (ray.cancel); a long call asks between
+    pieces of its work, since Ray does not interrupt a running actor call."""
+    return ray.get_runtime_context().is_canceled()

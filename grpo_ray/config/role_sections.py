@@ -110,6 +110,10 @@ class RolloutConfig(_RoleSection):
     # learner updates, by weights at most this many updates old (0: strictly on-policy). Every
     # row records its policy version; stale rows are reweighted (algorithm.staleness_is_cap).
     max_staleness: int = Field(0, ge=0)
+    # Streamed rollout: each worker hands back this many whole groups at a time, as they finish, and
+    # the reward pool scores them while later groups still generate (worth it with vllm, whose
+    # requests finish one by one; hf generates a batch at once). 0: each worker's share in one go.
+    groups_per_chunk: int = Field(0, ge=0)
     vllm: VllmConfig = VllmConfig()
 
 

@@ -36,12 +36,14 @@ from grpo_ray.cluster.dispatch import CallFailed, collect_scores, fetch, generat
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
+from grpo_ray.cluster.streams import StreamedRollout
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.train.errors import RewardFailureError, RunStoppedError
 from grpo_ray.train.rows import KeptResponse, StepRows, read_responses
+from grpo_ray.train.streamed import drive, streamed_rows
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
 
@@ -67,6 +69,7 @@ class Generation:
     tasks: list  # per slice (rank-major order), its scoring calls
     policy_version: int  # the weights the rollout workers hold when it was queued
     cursor: dict  # the builder's data cursor before it was drawn (a checkpoint rewinds to it)
+    streamed: StreamedRollout | None = None  # rollout.groups_per_chunk: chunks in place of per_worker/tasks
 
 
 class BatchBuilder:
@@ -115,7 +118,8 @@ class BatchBuilder:
                 generation = self._start(sampling, group_offset=0)
         while True:
             versions.append(generation.policy_version)
-            rows = self._finish(generation, refs, slice_rows, timer)
+            need = None if accumulator is None else accumulator.target_groups - accumulator.num_groups
+            rows = self._finish(generation, refs, slice_rows, timer, need)
             generations.append(rows)
             if accumulator is None:
                 break
@@ -155,16 +159,22 @@ class BatchBuilder:
         prompts = self.stream.take(self.plan.prompts_per_step)
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
+        if self.cfg.rollout.groups_per_chunk:
+            streamed = StreamedRollout(self.cfg, workers, prompts, sampling, group_offset, self.policy_version())
+            return Generation(prompts, sampling, group_offset, [], 0, [], self.policy_version(), cursor, streamed)
         per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset,
                                  self.policy_version())
         rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
         tasks = [score_tasks(workers, ref, rows_per_slice) for ref in rank_major(per_worker)]
         return Generation(prompts, sampling, group_offset, per_worker, rows_per_slice, tasks, self.policy_version(), cursor)
 
-    def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer) -> StepRows:
+    def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None = None) -> StepRows:
         """Wait for a generation's rollout and scores; appends its slice refs to `refs` (and their
-        row counts to `slice_rows`), so the returned rows' sources index `refs`."""
+        row counts to `slice_rows`), so the returned rows' sources index `refs`. need: the
+        informative groups dynamic sampling still needs (a streamed rollout stops once it has them)."""
         first_source = len(refs)
+        if generation.streamed is not None:
+            return self._finish_streamed(generation, refs, slice_rows, timer, need)
         with timer("rollout"):  # the part of the rollout the step waits for
             wait_for(rank_major(generation.per_worker))
         rows_per_slice = generation.rows_per_slice
@@ -179,6 +189,20 @@ class BatchBuilder:
         if self.shaper.active:  # clip, then running normalisation, before anything reads the rewards
             rewards = self.shaper(rewards, weights)
         return StepRows.from_scored(scored, rewards, weights, first_source)
+
+    def _finish_streamed(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None) -> StepRows:
+        cut = drive(self.cfg, generation.streamed, self.recovery, need, self.policy_version(), timer)
+        with timer("reward"):
+            new_refs, sizes, rows, failures = streamed_rows(self.cfg, generation.streamed, cut,
+                                                            generation.sampling.max_new_tokens, len(refs))
+            self.failures.record(*failures)
+            if (stop := self.failures.check()) is not None:
+                raise RewardFailureError(stop)
+        refs.extend(new_refs)
+        slice_rows.extend(sizes)
+        if self.shaper.active:
+            rows = rows.with_rewards(self.shaper([rows.rewards], [rows.row_weights])[0])
+        return rows
 
     def _score_all(self, generation: Generation) -> tuple[list, list[ScoredSlice]]:
         """Collect every slice's scores. A worker that died is replaced (WorkerRecovery) and only what

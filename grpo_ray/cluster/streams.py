@@ -1,0 +1,116 @@
+"""A generation batch streamed (rollout.groups_per_chunk > 0): groups scored as they finish.
+
+Each rollout worker hands back chunks of whole groups as they finish (RolloutWorker.generate_chunks,
+a Ray streaming call); every chunk goes to the reward pool the moment it arrives, so scoring runs
+while later groups still generate, and one long completion holds back only its own group. The
+batch builder reads the scored chunks as they come, can stop the rollout once it has what it needs
+(dynamic sampling), and puts the rows in group order, so which group finished first never shows.
+
+    streamed = StreamedRollout(cfg, workers, prompts, sampling, group_offset, version)
+    while not streamed.done:
+        streamed.advance()            # a chunk arrived (its scoring starts) or a scoring finished
+    streamed.cancel()                 # stop early: the workers abort what is still generating
+    streamed.scored_chunks()          # [(ref, rows, ScoredSlice)], in worker and arrival order
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from grpo_ray.cluster.dispatch import chunk_sizes, chunk_stream, collect_scores, reissue_lost_part, score_tasks
+from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.shares import worker_share
+from grpo_ray.config import Config
+from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
+
+
+@dataclass
+class Chunk:
+    ref: object  # RolloutSlice ref
+    rows: int
+    tasks: tuple  # its scoring calls (dispatch.score_tasks)
+    scored: ScoredSlice | None = None
+
+
+class StreamedRollout:
+    def __init__(self, cfg: Config, workers: Workers, prompts: list[Prompt], sampling: SamplingSettings,
+                 group_offset: int, version: int):
+        self.cfg, self.workers, self.prompts, self.sampling = cfg, workers, prompts, sampling
+        self.group_offset = group_offset
+        self.chunks: dict[int, list[Chunk]] = {}  # per rollout worker, its chunks in arrival order
+        self.due: dict[int, list[int]] = {}  # per rollout worker, the group count of each chunk it owes
+        self.streams: dict[int, object] = {}  # per rollout worker still yielding, its ObjectRefGenerator
+        for index in range(len(workers.rollouts)):
+            self.issue(index, version)
+
+    def issue(self, index: int, version: int) -> None:
+        """(Again) ask rollout worker `index` for its whole share; chunks it sent before are dropped
+        (a replaced worker samples its share again with the same seeds)."""
+        share, offset = worker_share(self.prompts, index, len(self.workers.rollouts))
+        self.chunks[index] = []
+        self.due[index] = chunk_sizes(len(share), self.cfg.rollout.groups_per_chunk)
+        self.streams[index] = chunk_stream(self.workers.rollouts[index], share, self.group_offset + offset,
+                                           self.sampling, self.cfg.rollout.groups_per_chunk, version)
+
+    @property
+    def arrived(self) -> bool:
+        """Every chunk is in (its scoring may still run)."""
+        return not self.streams
+
+    @property
+    def done(self) -> bool:
+        return self.arrived and all(c.scored is not None for chunks in self.chunks.values() for c in chunks)
+
+    def advance(self, timeout: float = 1.0) -> None:
+        """Wait (up to `timeout` s) for a chunk to arrive or a scoring to finish, and take what did:
+        an arrived chunk's scoring starts; a finished scoring is collected (CallFailed when a call
+        failed: a rollout or reward worker died)."""
+        scoring = [c for chunks in self.chunks.values() for c in chunks if c.scored is None]
+        waiting = list(self.streams.values()) + [ref for c in scoring for ref in _task_refs(c.tasks)]
+        if waiting:
+            ray.wait(waiting, num_returns=1, timeout=timeout, fetch_local=False)
+        for index, stream in list(self.streams.items()):
+            self._take_arrivals(index, stream)
+        for chunk in scoring:
+            refs = _task_refs(chunk.tasks)
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+            if len(ready) == len(refs):
+                chunk.scored = collect_scores(self.cfg, chunk.tasks)
+
+    def _take_arrivals(self, index: int, stream) -> None:
+        while True:
+            ready, _ = ray.wait([stream], num_returns=1, timeout=0, fetch_local=False)
+            if not ready:
+                return
+            try:
+                ref = next(stream)
+            except StopIteration:
+                del self.streams[index]
+                return
+            owed = self.due[index]
+            groups = owed[len(self.chunks[index])] if len(self.chunks[index]) < len(owed) else owed[-1]
+            rows = groups * self.sampling.samples_per_prompt
+            self.chunks[index].append(Chunk(ref, rows, score_tasks(self.workers, ref, rows)))
+
+    def cancel(self) -> None:
+        """Stop every stream still yielding: the workers abort the requests still generating."""
+        for stream in self.streams.values():
+            ray.cancel(stream)
+        self.streams.clear()
+
+    def reissue_lost_scoring(self, index: int) -> int:
+        """After reward worker `index` was replaced: its unfinished parts of every chunk, again."""
+        return sum(reissue_lost_part(self.workers.rewards, c.tasks, index, c.ref, c.rows)
+                   for chunks in self.chunks.values() for c in chunks if c.scored is None)
+
+    def scored_chunks(self) -> list[tuple[object, int, ScoredSlice]]:
+        """Every scored chunk as (ref, rows, scores), worker by worker, each in arrival order."""
+        return [(c.ref, c.rows, c.scored) for index in sorted(self.chunks) for c in self.chunks[index]
+                if c.scored is not None]
+
+
+def _task_refs(tasks: tuple) -> list:
+    parts, model = tasks
+    return list(parts.values()) + ([model] if model is not None else [])
