@@ -61,11 +61,6 @@ def chunk_stream(worker, prompts: list[Prompt], group_offset: int, sampling: Sam
         prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
 
 
-def chunk_sizes(groups: int, groups_per_chunk: int) -> list[int]:
-    """The group count of each chunk a worker streams for `groups` prompts."""
-    return [min(groups_per_chunk, groups - start) for start in range(0, groups, groups_per_chunk)]
-
-
 def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
     """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
     tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected

@@ -30,3 +30,9 @@ def pool_bounds(rows: int, num_workers: int) -> list[tuple[int, int]]:
     """Reward worker j's rows [start, stop) of a slice, j = 0..num_workers-1: an even split."""
     bounds = [rows * j // num_workers for j in range(num_workers + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
+
+
+def chunk_sizes(groups: int, groups_per_chunk: int) -> list[int]:
+    """The group count of each chunk a rollout worker streams for `groups` prompts, in order: the
+    worker yields every `groups_per_chunk` finished groups, and what is left at the end."""
+    return [min(groups_per_chunk, groups - start) for start in range(0, groups, groups_per_chunk)]

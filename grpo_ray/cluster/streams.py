@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import ray
 
-from grpo_ray.cluster.dispatch import chunk_sizes, chunk_stream, collect_scores, reissue_lost_part, score_tasks
+from grpo_ray.cluster.dispatch import chunk_stream, collect_scores, reissue_lost_part, score_tasks
 from grpo_ray.cluster.roles import Workers
-from grpo_ray.cluster.shares import worker_share
+from grpo_ray.cluster.shares import chunk_sizes, worker_share
 from grpo_ray.config import Config
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 

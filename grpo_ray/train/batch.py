@@ -89,6 +89,7 @@ class BatchBuilder:
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
         self.pending: deque[Generation] = deque()  # started ahead of their step (rollout.max_staleness)
         self.last_batch: StepBatch | None = None  # for the sample tables
+        self.unused_groups = 0  # this step's groups a streamed rollout stopped without (dynamic sampling)
 
     def prefetch(self, sampling: SamplingSettings, count: int) -> None:
         """Start the next `count` steps' first generation batches now, with the weights the workers
@@ -111,6 +112,7 @@ class BatchBuilder:
         generations: list[StepRows] = []
         versions: list[int] = []
         accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
+        self.unused_groups = 0
         if self.pending:
             generation = self.pending.popleft()
         else:
@@ -134,6 +136,8 @@ class BatchBuilder:
         metrics = {"batch/generation_tries": float(len(generations)),
                    "batch/staleness": float(self.policy_version() - min(versions)),
                    "batch/policy_version": float(min(versions))}
+        if cfg.rollout.groups_per_chunk and accumulator is not None:
+            metrics["batch/unused_groups"] = float(self.unused_groups)
         train = generated if accumulator is None else self._dynamic_sample(generated, generations, accumulator, metrics)
 
         if train is not None and cfg.polaris.rescue:
@@ -192,6 +196,8 @@ class BatchBuilder:
 
     def _finish_streamed(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None) -> StepRows:
         cut = drive(self.cfg, generation.streamed, self.recovery, need, self.policy_version(), timer)
+        # Groups dynamic sampling did not need: their requests were aborted, or finished unread.
+        self.unused_groups += 0 if cut is None else len(generation.prompts) - cut
         with timer("reward"):
             new_refs, sizes, rows, failures = streamed_rows(self.cfg, generation.streamed, cut,
                                                             generation.sampling.max_new_tokens, len(refs))

@@ -316,11 +316,15 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
 
 
 def _log_samples(run: Run, step: int) -> None:
-    """Sample completions of the step's first generated slice, read where the slice is."""
+    """Sample completions of the slice holding the step's first row, read where the slice is."""
     batch = run.builder.last_batch
-    first = batch.generated.sources == 0
-    rewards = [float(r) for r in batch.generated.rewards[first]]
-    rows = ray.get(beside_data(sample_rows, batch.refs[0], run.cfg.tracking.samples_per_table, rewards))
+    source = int(batch.generated.sources[0])
+    mine = batch.generated.sources == source
+    # By the slice's own row order: a streamed batch lists its rows in group order, not the slice's.
+    rewards = [float("nan")] * batch.slice_rows[source]
+    for row, reward in zip(batch.generated.rows[mine], batch.generated.rewards[mine]):
+        rewards[int(row)] = float(reward)
+    rows = ray.get(beside_data(sample_rows, batch.refs[source], run.cfg.tracking.samples_per_table, rewards))
     run.tracker.log_table([{"step": step, **row} for row in rows], f"samples/step_{step:06d}.json")
 
 

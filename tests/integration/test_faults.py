@@ -198,8 +198,11 @@ def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
 def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
     extra = []
     if role == "reward":
+        # Streamed: each half of the prompts is scored as it arrives (two calls a step), and the run
+        # must still equal the straight run, which took its prompts in one piece.
         (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
-        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]"]
+        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]",
+                 "--set", "rollout.groups_per_chunk=16"]
     out = tmp_path / role
     lines, killed = run_killing(command(out, *extra), title)
     text = "".join(lines)
@@ -222,7 +225,8 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, s
 def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_it(tmp_path):
     out = tmp_path / "vllm"
     lines, killed = run_killing(
-        command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25"), "VLLM::EngineCore")
+        command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25",
+                "--set", "rollout.groups_per_chunk=8"), "VLLM::EngineCore")  # its chunks streamed, as on GPUs
     text = "".join(lines)
     assert killed, f"no vLLM engine core was seen after step 2: {text[-2000:]}"
     died = [line for line in lines if "rollout-0: its vLLM engine died" in line]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from grpo_ray.algo.filters import GroupAccumulator, select_informative_rows, zero_variance_groups
+from grpo_ray.algo.filters import GroupAccumulator, groups_needed, select_informative_rows, zero_variance_groups
 
 NAN = float("nan")
 
@@ -89,3 +89,27 @@ def test_accumulator_rejects_bad_arguments():
         GroupAccumulator(target_groups=0)
     with pytest.raises(ValueError):
         GroupAccumulator(target_groups=2, max_tries=0)
+
+
+# groups_needed: groups 10..13 of a batch, two rows each. Informative (rewards differ): 11 and 13.
+REWARDS = {10: [1.0, 1.0], 11: [0.0, 1.0], 12: [0.0, 0.0], 13: [1.0, 0.0]}
+
+
+def rows_of(*groups):
+    return (np.array([r for g in groups for r in REWARDS[g]]), np.array([g for g in groups for _ in REWARDS[g]]))
+
+
+def test_groups_needed_reads_the_groups_in_id_order_whatever_order_they_arrived_in():
+    # Group 11 alone settles one needed group: the first two groups hold it.
+    assert groups_needed(*rows_of(11, 10), first_group=10, num_groups=4, need=1) == 2
+    assert groups_needed(*rows_of(10, 11), first_group=10, num_groups=4, need=1) == 2
+    # Group 13 arrived first, but group 12 (before it) is unknown: nothing is settled yet.
+    assert groups_needed(*rows_of(13, 10, 11), first_group=10, num_groups=4, need=2) is None
+    assert groups_needed(*rows_of(13, 12, 10, 11), first_group=10, num_groups=4, need=2) == 4
+
+
+def test_groups_needed_is_all_of_them_when_the_batch_has_too_few_and_none_when_nothing_is_needed():
+    assert groups_needed(*rows_of(10, 11, 12, 13), first_group=10, num_groups=4, need=3) == 4
+    assert groups_needed(*rows_of(10), first_group=10, num_groups=4, need=0) == 0
+    # A group with a failed row (NaN) and otherwise equal rewards holds no signal.
+    assert groups_needed(np.array([np.nan, 1.0, 0.0, 1.0]), np.array([10, 10, 11, 11]), 10, 2, need=1) == 2

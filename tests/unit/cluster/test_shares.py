@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_ray.cluster.shares import pool_bounds, rank_major, worker_positions, worker_share
+from grpo_ray.cluster.shares import chunk_sizes, pool_bounds, rank_major, worker_positions, worker_share
 from grpo_ray.types import Prompt
 
 
@@ -31,3 +31,10 @@ def test_a_workers_share_is_the_same_prompts_at_the_same_offset_when_issued_agai
     share, offset = worker_share(prompts, 1, 2)
     assert [p.uid for p in share] == [4, 5, 6, 7] and offset == 4
     assert worker_share(prompts, 1, 2) == (share, offset)
+
+
+def test_a_worker_streams_whole_chunks_and_the_rest_at_the_end():
+    assert chunk_sizes(10, 4) == [4, 4, 2]
+    assert chunk_sizes(8, 4) == [4, 4]
+    assert chunk_sizes(3, 8) == [3]
+    assert chunk_sizes(0, 4) == []
