@@ -32,6 +32,7 @@ from grpo_ray.transport.broadcast import (
     tied_aliases,
     timed_raw_broadcast,
 )
+from grpo_ray.transport.kept import KeptWeights
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
@@ -97,6 +98,7 @@ class LearnerWorker:
         self.world_size = world_size
         self.engine = None
         self._sync_group: BroadcastGroup | None = None
+        self._kept = KeptWeights()  # weights sent, for re-sampling a pipelined batch's lost share
 
     def ready(self) -> str:
         return f"learner-{self.rank}"
@@ -266,8 +268,16 @@ class LearnerWorker:
         """Rank 0 only: seconds of a plain broadcast of num_bytes to the rollout workers."""
         return timed_raw_broadcast(self._sync_group, num_bytes)
 
-    def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False) -> SyncReport | None:
-        """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None."""
+    def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0,
+                     kept: bool = False) -> SyncReport | None:
+        """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None.
+        keep: rank 0 keeps a copy of the newest `keep` versions sent (transport/kept.py); kept: rank 0
+        alone sends the copy of `version` instead of the weights it holds now."""
+        if kept:
+            started = time.perf_counter()
+            checksum, num_bytes = send_buckets(self._sync_group, iter(self._kept.tensors(version)),
+                                               weight_specs(self.module, adapter_only), buckets)
+            return SyncReport("learner", version, checksum, num_bytes, time.perf_counter() - started)
         started = time.perf_counter()
         params = export_parameters(self.module, adapter_only)
         specs = weight_specs(self.module, adapter_only)
@@ -284,7 +294,8 @@ class LearnerWorker:
                     pass
                 return None
             try:
-                checksum, num_bytes = send_buckets(self._sync_group, bucket_tensors(), specs, buckets)
+                tensors = self._kept.keeping(version, bucket_tensors(), keep) if keep else bucket_tensors()
+                checksum, num_bytes = send_buckets(self._sync_group, tensors, specs, buckets)
             except Exception:
                 # A receiver died mid-sync. Dropping this end closes its sockets, so the other receivers
                 # fail now rather than at the timeout, and can join the group the driver forms next.

@@ -22,11 +22,14 @@ from grpo_ray.cluster.placement import ClusterError, error_line
 
 class WorkerRecovery:
     def __init__(self, rollouts: list[Any], rewards: list[Any], resync: Callable[[], None], max_restarts: int,
-                 log: Callable[[str], None], timeout_s: float = 900.0):
+                 log: Callable[[str], None], timeout_s: float = 900.0,
+                 with_weights: Callable[[int, Callable[[], Any]], Any] | None = None):
         self._who = {actor._actor_id.hex(): ("rollout", i) for i, actor in enumerate(rollouts)}
         self._who.update({actor._actor_id.hex(): ("reward", i) for i, actor in enumerate(rewards)})
         self._actors = {"rollout": rollouts, "reward": rewards}
         self._resync = resync  # re-forms the weight-broadcast group and sends the current weights
+        # Calls issued while the rollout workers hold an earlier version (WeightBroadcaster.with_kept_weights).
+        self._with_weights = with_weights
         self.max_restarts = max_restarts
         self.log = log
         self.timeout_s = timeout_s
@@ -68,6 +71,16 @@ class WorkerRecovery:
         self.log(f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
                  + ("; it was given the current weights" if role == "rollout" else ""))
         return role, index
+
+    def reissue(self, version: int, current: int, issue: Callable[[], Any]) -> Any:
+        """`issue()` a replaced rollout worker's share of a batch sampled by weights `version`: a batch
+        started ahead (rollout.max_staleness) was sampled by an earlier version than the `current`
+        one, and its lost share is sampled by that version again, so that the batch is the one an
+        unhurt run draws."""
+        if version == current or self._with_weights is None:
+            return issue()
+        self.log(f"the lost share was sampled by weights version {version} (now {current}): sampled by them again")
+        return self._with_weights(version, issue)
 
     def counters(self) -> dict[str, float]:
         """Running totals, as faults/* metrics: a step logs how much they grew since the last step."""

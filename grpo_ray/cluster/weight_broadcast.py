@@ -11,8 +11,9 @@ parameters would not do, since the CPU vLLM engine repacks some weight matrices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -20,6 +21,9 @@ import ray
 from grpo_ray.cluster.placement import error_line, node_address_and_port
 from grpo_ray.transport.broadcast import choose_backend, spec_bytes
 from grpo_ray.types import Probe, SyncReport
+
+
+T = TypeVar("T")
 
 
 class WeightSyncError(RuntimeError):
@@ -35,9 +39,14 @@ class SyncResult:
 
 
 class WeightBroadcaster:
-    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False):
-        """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves)."""
+    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
+                 keep_versions: int = 0):
+        """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
+        keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
+        started ahead, up to rollout.max_staleness updates old, is finished after the next version
+        was sent: max_staleness + 1), for with_kept_weights."""
         self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
+        self.keep_versions = keep_versions
         self.backend, self.backend_reason = "gloo", ""
         self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20), adapter_only))
         self.form_group()
@@ -77,7 +86,37 @@ class WeightBroadcaster:
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         self.target = version
-        sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only) for learner in self.learners]
+        sent, received = self._broadcast(version)
+        self.syncs += 1
+        self.version = version
+        diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
+        seconds = max([sent.seconds] + [r.seconds for r in received])
+        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+        return self.last
+
+    def with_kept_weights(self, version: int, issue: Callable[[], T]) -> T:
+        """`issue()` while every rollout worker holds the weights of `version`, which learner rank 0
+        kept (keep_versions > 0): a pipelined batch's lost share is sampled by the weights that
+        sampled the rest of it. Then the current weights again. An actor runs its calls in order, so
+        the calls `issue` queued run on `version`, before the current weights arrive."""
+        if version == self.version:
+            return issue()
+        self._broadcast(version, kept=True)
+        current, self.version = self.version, version
+        try:
+            return issue()
+        finally:
+            self._broadcast(current)
+            self.version = current
+
+    def _broadcast(self, version: int, kept: bool = False) -> tuple[SyncReport, list[SyncReport]]:
+        """Learner rank 0 sends (the weights it holds, or with `kept` its copy of `version`), every
+        rollout rank receives and reports; the digests must all agree."""
+        if kept:
+            sends = [self.learners[0].send_weights.remote(version, self.buckets, self.adapter_only, kept=True)]
+        else:
+            sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only, keep=self.keep_versions)
+                     for learner in self.learners]
         receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
         try:
             reports: list = ray.get(sends + receives, timeout=self.timeout_s)
@@ -93,12 +132,7 @@ class WeightBroadcaster:
                     f"{report.who} received weights with checksum {report.checksum:#010x} "
                     f"({report.num_bytes} bytes), learner sent {sent.checksum:#010x} ({sent.num_bytes} bytes)"
                 )
-        self.syncs += 1
-        self.version = version
-        diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
-        seconds = max([sent.seconds] + [r.seconds for r in received])
-        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
-        return self.last
+        return sent, received
 
     @property
     def num_bytes(self) -> int:

@@ -195,7 +195,7 @@ class BatchBuilder:
         return StepRows.from_scored(scored, rewards, weights, first_source)
 
     def _finish_streamed(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None) -> StepRows:
-        cut = drive(self.cfg, generation.streamed, self.recovery, need, self.policy_version(), timer)
+        cut = drive(self.cfg, generation.streamed, self.recovery, need, generation.policy_version, self.policy_version(), timer)
         # Groups dynamic sampling did not need: their requests were aborted, or finished unread.
         self.unused_groups += 0 if cut is None else len(generation.prompts) - cut
         with timer("reward"):
@@ -230,8 +230,10 @@ class BatchBuilder:
                 role, index = self.recovery.recover(failed.cause)
             if role == "rollout":
                 share, offset = worker_share(generation.prompts, index, len(workers.rollouts))
-                per_worker[index] = generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
-                                                  generation.sampling, len(workers.learners), self.policy_version())
+                per_worker[index] = self.recovery.reissue(
+                    generation.policy_version, self.policy_version(),
+                    lambda: generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
+                                          generation.sampling, len(workers.learners), generation.policy_version))
                 refs = rank_major(per_worker)
                 for i in worker_positions(index, len(workers.rollouts), len(workers.learners)):
                     tasks[i] = score_tasks(workers, refs[i], rows_per_slice)

@@ -124,6 +124,8 @@ def _report_placement(workers, tracker: MlflowTracker, console: ConsoleReporter)
 
 
 def _start(run: Run) -> Progress:
+    if run.cfg.rollout.max_staleness:  # learner rank 0 keeps what it sends: the first batches' weights too
+        run.sync.sync(0, None, run.cfg.weight_sync.probe_tolerance)
     stages = plan_stages(run.cfg)
     accuracy = heldout_accuracy(run, stages[0], step=0)
     run.console.info(f"step 0: held-out accuracy {accuracy:.3f}")

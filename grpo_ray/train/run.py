@@ -74,7 +74,9 @@ class Run:
 
     def __post_init__(self) -> None:
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
-                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg))
+                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg),
+                                      # A batch k updates old is finished after the next version was sent: k + 1.
+                                      keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0)
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
         receivers = self.sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
         self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) to {receivers} "
@@ -82,6 +84,7 @@ class Run:
         self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
+            with_weights=self.sync.with_kept_weights,
         )
         self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), self.recovery,
                                     policy_version=lambda: self.sync.version)

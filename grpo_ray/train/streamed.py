@@ -25,11 +25,12 @@ from grpo_ray.train.rows import StepRows
 
 
 def drive(cfg: Config, streamed: StreamedRollout, recovery: WorkerRecovery | None, need: int | None, version: int,
-          timer) -> int | None:
+          current: int, timer) -> int | None:
     """Run the stream until every chunk is in and scored, or until (`need` given) the batch's first
     groups hold `need` informative ones; then the rest is cancelled. Returns how many of the
     batch's groups to keep, None: all. A worker that dies meanwhile is replaced (WorkerRecovery):
-    a rollout worker's share is asked again with the same seeds, a reward worker's unfinished calls."""
+    a rollout worker's share is asked again with the same seeds and the weights `version` that sampled
+    the batch (`current`: the rollout workers' now), a reward worker's unfinished calls."""
     num_groups = len(streamed.prompts)
     while not streamed.done:
         with timer("reward" if streamed.arrived else "rollout"):
@@ -40,7 +41,7 @@ def drive(cfg: Config, streamed: StreamedRollout, recovery: WorkerRecovery | Non
                     raise failed.cause from None
                 role, index = recovery.recover(failed.cause)
                 if role == "rollout":
-                    streamed.issue(index, version)
+                    recovery.reissue(version, current, lambda: streamed.issue(index, version))
                     recovery.reissued_prompts += len(streamed.prompts) // len(streamed.workers.rollouts)
                     recovery.log(f"re-issued rollout-{index}'s share of the streamed batch")
                 else:

@@ -3,17 +3,23 @@
 The next step's batch is generated while the learner updates, so it was sampled by weights one
 update old: the step says so (batch/staleness, batch/policy_version), the learner reweights every
 row of it (update/stale_rows), and a checkpoint is never crossed, so a run resumed from one
-continues exactly as the run that wrote it.
+continues exactly as the run that wrote it. A rollout worker killed while it samples a batch ahead
+is replaced, and its share is sampled again by the weights that sampled the rest of the batch.
 """
 
 import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
 from grpo_ray.train.loop import train
+from grpo_ray.train.run import current_phase
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 SETTINGS = ["train.steps=6", "train.checkpoint_every=3", "train.eval_every=0", "data.eval_limit=20",
@@ -80,3 +86,37 @@ def test_the_run_ends_at_the_first_evaluation_that_reaches_stop_at_accuracy(tmp_
     again = train(load_config(TINY, [f"output_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "data.eval_limit=20",
                                      "rollout.max_staleness=1", "train.stop_at_accuracy=0.05"]))
     assert again.steps == 2
+
+
+def kill_while_sampling_ahead(killed: list[int], done: threading.Event) -> None:
+    """SIGKILL the rollout worker while it generates during an update: the batch started ahead."""
+    while not done.is_set() and not killed:
+        if current_phase() == "update":
+            for proc in psutil.Process().children(recursive=True):
+                try:
+                    if proc.cmdline()[:1] == ["ray::RolloutWorker.generate"]:
+                        proc.send_signal(signal.SIGKILL)
+                        killed.append(proc.pid)
+                        return
+                except psutil.Error:
+                    continue
+        time.sleep(0.0005)
+
+
+def test_a_share_lost_ahead_is_sampled_again_by_the_weights_that_sampled_the_batch(pipelined, tmp_path, capsys):
+    _, result = pipelined
+    killed, done = [], threading.Event()
+    killer = threading.Thread(target=kill_while_sampling_ahead, args=(killed, done), daemon=True)
+    killer.start()
+    try:
+        hurt = train(load_config(TINY, [f"output_dir={tmp_path}", *SETTINGS]))
+    finally:
+        done.set()
+        killer.join()
+    out = capsys.readouterr().out
+    assert killed, "the rollout worker was never seen generating during an update"
+    assert "died and was replaced" in out and "sampled by weights version" in out and "sampled by them again" in out, out[-3000:]
+    assert sum(per_step(hurt.tracking_uri, hurt.run_id, "faults/rollout_replaced").values()) == 1.0
+    # One update older than the weights the workers held then, and still the unhurt run, step by step.
+    for key in COMPARED:
+        assert per_step(hurt.tracking_uri, hurt.run_id, key) == per_step(result.tracking_uri, result.run_id, key), key
