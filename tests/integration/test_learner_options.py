@@ -44,30 +44,8 @@ def test_the_schedule_sets_the_lr_the_optimizer_uses(local_ray, step_batch):
     assert max_diff(warm, half) == 0.0
 
 
-@pytest.mark.cpu_adam
-def test_optimizer_offload_gives_the_update_of_torch_adamw(local_ray, step_batch):
-    batch, _, advantages, _ = step_batch
-    before, plain, _ = one_update(local_ray, batch, advantages, zero_stage=2)
-    _, offloaded, _ = one_update(local_ray, batch, advantages, zero_stage=2, offload_optimizer="cpu")
-    moved = max_diff(before, plain)
-    worst = max_diff(plain, offloaded)
-    print(f"moved {moved:.3e}, offload vs plain {worst:.3e}")
-    assert moved > 1e-4
-    # One Adam step moves each weight by lr * m / (sqrt(v) + eps) = lr * g / (|g| + eps) ~ lr: the two
-    # implementations (C++ SIMD vs torch) differ only in float32 rounding of that update (a few ulp
-    # of 1e-3, ~1e-10) and of the weight it is added to: the largest weights here are the norms'
-    # ~1.0, whose ulp is 1.19e-7. Measured: 1.19e-7 (one ulp). The bound allows four.
-    assert worst < 4 * 1.2e-7, f"CPU Adam offload differs from torch AdamW by {worst:.2e}"
-
-
-@pytest.mark.cpu_adam
-@pytest.mark.parametrize("learner", [
-    {"zero_stage": 2, "offload_optimizer": "cpu"},
-    {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
-], ids=["zero2-optimizer", "zero3-optimizer-and-params"])
-def test_two_rank_update_equals_one_rank_with_offload(local_ray, step_batch, learner):
-    ray = local_ray
-    batch, _, advantages, _ = step_batch
+def update_by_world(ray, batch, advantages, learner: dict) -> tuple[dict, dict[int, dict]]:
+    """(parameters before, {1 or 2 ranks: rank 0's parameters after one update of the whole batch})."""
     results = {}
     for world in (1, 2):
         placement, learners = start_learner_group(ray, make_cfg(learner={"num_workers": world, **learner}))
@@ -81,11 +59,43 @@ def test_two_rank_update_equals_one_rank_with_offload(local_ray, step_batch, lea
         for actor in learners:
             ray.kill(actor)
         placement.remove()
-    assert max_diff(before, results[1]) > 1e-4
+    return before, results
+
+
+def assert_two_ranks_equal_one(before: dict, by_world: dict[int, dict], learner: dict) -> None:
+    assert max_diff(before, by_world[1]) > 1e-4
     # The same bound as test_learner_and_sync's 2-rank test without offload.
-    worst = max_diff(results[1], results[2])
+    worst = max_diff(by_world[1], by_world[2])
     print(f"{learner}: 2 ranks vs 1 {worst:.3e}")
     assert worst < 1e-5, f"2-rank offload differs from 1 rank by {worst:.2e}"
+
+
+@pytest.mark.cpu_adam
+def test_optimizer_offload_gives_the_update_of_torch_adamw_and_two_ranks_equal_one(local_ray, step_batch):
+    batch, _, advantages, _ = step_batch
+    learner = {"zero_stage": 2, "offload_optimizer": "cpu"}
+    before, plain, _ = one_update(local_ray, batch, advantages, zero_stage=2)
+    # The 1-rank offloaded update is the one compared with torch AdamW (one group less to start).
+    _, by_world = update_by_world(local_ray, batch, advantages, learner)
+    offloaded = by_world[1]
+    moved = max_diff(before, plain)
+    worst = max_diff(plain, offloaded)
+    print(f"moved {moved:.3e}, offload vs plain {worst:.3e}")
+    assert moved > 1e-4
+    # One Adam step moves each weight by lr * m / (sqrt(v) + eps) = lr * g / (|g| + eps) ~ lr: the two
+    # implementations (C++ SIMD vs torch) differ only in float32 rounding of that update (a few ulp
+    # of 1e-3, ~1e-10) and of the weight it is added to: the largest weights here are the norms'
+    # ~1.0, whose ulp is 1.19e-7. Measured: 1.19e-7 (one ulp). The bound allows four.
+    assert worst < 4 * 1.2e-7, f"CPU Adam offload differs from torch AdamW by {worst:.2e}"
+    assert_two_ranks_equal_one(before, by_world, learner)
+
+
+@pytest.mark.cpu_adam
+def test_two_rank_update_equals_one_rank_with_optimizer_and_parameter_offload(local_ray, step_batch):
+    # ZeRO-2 with optimizer offload: in the test above.
+    batch, _, advantages, _ = step_batch
+    learner = {"zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"}
+    assert_two_ranks_equal_one(*update_by_world(local_ray, batch, advantages, learner), learner)
 
 
 def test_bf16_trains_and_the_sync_sends_bf16(local_ray, step_batch):
