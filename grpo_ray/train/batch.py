@@ -17,6 +17,9 @@ A rollout or reward worker that dies mid-batch is replaced (cluster/recovery.py)
 held is issued again, with the same sampling seed: the batch is the one an unhurt run draws.
 A batch started ahead (prefetch) was sampled by the weights the workers held then; its metrics say
 how many updates old they are (batch/staleness) and every row carries its policy version.
+Streamed (rollout.groups_per_chunk): the workers hand back groups as they finish and each is scored
+on arrival (train/streamed.py); the rows are then put in group order, and dynamic sampling stops
+the rollout once the groups in id order hold enough, so the batch is still the seed's.
 """
 
 from __future__ import annotations
@@ -102,6 +105,9 @@ class BatchBuilder:
         prompts change at a stage end."""
         if self.pending:
             self._rewind(self.pending[0].cursor)
+            for generation in self.pending:
+                if generation.streamed is not None:
+                    generation.streamed.cancel()
             self.pending.clear()
 
     def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
