@@ -243,6 +243,9 @@ def describe_resources(roles: list[RoleResources]) -> list[str]:
     return lines
 
 
+VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses more
+
+
 def _check_stages(cfg: Config) -> None:
     if cfg.stages and "steps" in cfg.train.model_fields_set:
         raise ConfigError("train.steps: with stages, each stage sets its own steps; remove train.steps")
@@ -250,6 +253,12 @@ def _check_stages(cfg: Config) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"stages: names must be unique; got {', '.join(names)}")
     for index, stage in enumerate(plan_stages(cfg)):
+        if cfg.rollout.backend == "vllm" and max(stage.temperature, stage.eval_temperature) > VLLM_MAX_TEMPERATURE:
+            stage_sets_it = cfg.stages and (cfg.stages[index].temperature or 0) > VLLM_MAX_TEMPERATURE
+            where = f"stages.{index}.temperature" if stage_sets_it else (
+                "rollout.temperature" if stage.temperature > VLLM_MAX_TEMPERATURE else "train.eval_temperature")
+            raise ConfigError(f"{where}: vLLM samples at temperature {VLLM_MAX_TEMPERATURE:g} at most; lower it, "
+                              "or use rollout.backend: hf")
         if cfg.train.eval_samples > 1 and stage.eval_temperature == 0:
             stage_sets_it = cfg.stages and cfg.stages[index].eval_temperature is not None
             where = f"stages.{index}.eval_temperature" if stage_sets_it else "train.eval_temperature"

@@ -86,6 +86,12 @@ TWO_STAGES = [{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "max_new_toke
         ),
         # A zero buffer has no penalty ramp at all.
         ({"algorithm": {"overlong": "soft_penalty"}}, "algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer"),
+        # vLLM refuses a temperature above 2 in every request; said before any actor starts.
+        ({"rollout": {"backend": "vllm", "temperature": 2.5}}, "rollout.temperature: vLLM samples at temperature 2 at most"),
+        ({"rollout": {"backend": "vllm"}, "train": {"eval_temperature": 3.0}},
+         "train.eval_temperature: vLLM samples at temperature 2 at most"),
+        ({"rollout": {"backend": "vllm"}, "stages": [{"name": "a", "steps": 1}, {"name": "hot", "steps": 1, "temperature": 2.2}]},
+         "stages.1.temperature: vLLM samples at temperature 2 at most"),
     ],
 )
 def test_cross_field_errors_are_one_line_naming_the_field(raw, start):
