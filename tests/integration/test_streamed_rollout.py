@@ -16,7 +16,7 @@ from .test_train_e2e import TINY, metric_history
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
 
-SETTINGS = ["train.steps=3", "train.eval_every=0", "data.eval_limit=20", "rollout.backend=vllm",
+SETTINGS = ["train.steps=2", "train.eval_every=0", "data.eval_limit=20", "rollout.backend=vllm",
             "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.num_workers=2", "algorithm.dynamic_sampling=true"]
 
 
@@ -26,11 +26,11 @@ def test_a_streamed_rollout_trains_on_what_the_seed_draws_and_stops_once_it_has_
 
     for key in ("loss/total", "loss/policy", "batch/kept_groups", "actor/entropy"):
         want, got = metric_history(whole, key), metric_history(streamed, key)
-        assert sorted(got) == [1, 2, 3], key
+        assert sorted(got) == [1, 2], key
         for step in want:
             assert got[step] == pytest.approx(want[step], rel=1e-6, abs=1e-9), (key, step)
     # The tiny model's groups are mostly all-wrong, so each step takes more than one try; the last
     # try's groups past the one that completed the step were never waited for.
     unused = metric_history(streamed, "batch/unused_groups")
-    assert sorted(unused) == [1, 2, 3] and sum(unused.values()) > 0, unused
+    assert sorted(unused) == [1, 2] and sum(unused.values()) > 0, unused
     assert not metric_history(whole, "batch/unused_groups")

@@ -49,17 +49,25 @@ def _receiver(port, specs, buckets, queue):
     queue.put((received, tally.checksum, tally.num_bytes))
 
 
+def _child(receiver, port, specs, buckets, queue, fetched):
+    receiver(port, specs, buckets, queue)
+    # Tensors on a queue travel as file descriptors this process hands out: it must stay alive
+    # until the parent has taken them (exiting first fails the parent's get with FileNotFoundError).
+    fetched.wait(60)
+
+
 def _send_to_child(receiver, specs, buckets, tensors):
     """Send `tensors` from here (rank 0) to a spawned child running `receiver` (rank 1); returns
     (checksum, bytes sent, what the child put on its queue)."""
     port = free_port()
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    child = ctx.Process(target=receiver, args=(port, specs, buckets, queue))
+    queue, fetched = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=_child, args=(receiver, port, specs, buckets, queue, fetched))
     child.start()
     group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
     checksum, sent = send_buckets(group, tensors, specs, buckets)
     received = queue.get(timeout=60)
+    fetched.set()
     child.join(timeout=30)
     return checksum, sent, received
 
