@@ -32,7 +32,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from grpo_ray.algo.filters import GroupAccumulator
-from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
 from grpo_ray.cluster.dispatch import CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_refs, score_tasks, wait_for
@@ -45,7 +44,7 @@ from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.train.errors import RewardFailureError, RunStoppedError
-from grpo_ray.train.rows import KeptResponse, StepRows, read_responses
+from grpo_ray.train.rows import KeptResponse, StepRows, read_responses, shape_rewards
 from grpo_ray.train.streamed import drive, streamed_rows
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
@@ -361,14 +360,3 @@ def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict
         for name, error in part.first_errors.items():
             first_errors.setdefault(name, error)
     return failures, int(sum(len(s.rewards) for s in scored)), first_errors
-
-
-def shape_rewards(cfg: Config, scored: list[ScoredSlice], max_new_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
-    a = cfg.algorithm
-    shaped = [
-        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong,
-                               max_new_tokens, a.overlong_buffer, a.overlong_penalty)
-        for s in scored
-    ]
-    return [r for r, _ in shaped], [w for _, w in shaped]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from grpo_ray.algo.overlong import shape_overlong_rewards
+from grpo_ray.config import Config
 from grpo_ray.types import RolloutSlice, ScoredSlice
 
 
@@ -265,3 +267,13 @@ def assemble_slices(plan: SliceAssembly, pad_id: int, *slices: RolloutSlice) -> 
     """assemble_slice with the slices as separate arguments (a task receives refs resolved only so)."""
     return assemble_slice(plan, list(slices), pad_id)
 
+
+def shape_rewards(cfg: Config, scored: list[ScoredSlice], max_new_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
+    a = cfg.algorithm
+    shaped = [
+        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong,
+                               max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        for s in scored
+    ]
+    return [r for r, _ in shaped], [w for _, w in shaped]

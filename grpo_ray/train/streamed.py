@@ -15,13 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from grpo_ray.algo.filters import groups_needed
-from grpo_ray.algo.overlong import shape_overlong_rewards
 from grpo_ray.algo.reward_shaping import clip_rewards
 from grpo_ray.cluster.dispatch import CallFailed
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.streams import StreamedRollout
 from grpo_ray.config import Config
-from grpo_ray.train.rows import StepRows
+from grpo_ray.train.rows import StepRows, shape_rewards
 
 
 def drive(cfg: Config, streamed: StreamedRollout, recovery: WorkerRecovery | None, need: int | None, version: int,
@@ -62,9 +61,7 @@ def _preview(cfg: Config, scored, max_new_tokens: int) -> np.ndarray:
     """The rewards dynamic sampling will judge, as far as they are known before the batch is whole:
     overlong treatment and clipping. Running normalisation is left out: an affine map with a
     positive scale, it keeps equal rewards equal and different ones different."""
-    a = cfg.algorithm
-    rewards, _ = shape_overlong_rewards(scored.rewards, scored.completion_lengths, scored.truncated, a.overlong,
-                                        max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+    (rewards,), _ = shape_rewards(cfg, [scored], max_new_tokens)
     return clip_rewards(rewards, *cfg.reward.clip) if cfg.reward.clip is not None else rewards
 
 
@@ -75,10 +72,8 @@ def streamed_rows(cfg: Config, streamed: StreamedRollout, cut: int | None, max_n
     `first_source` on (every scored chunk, kept rows or not)."""
     chunks = streamed.scored_chunks()
     refs, sizes, scored = [c[0] for c in chunks], [c[1] for c in chunks], [c[2] for c in chunks]
-    a = cfg.algorithm
-    shaped = [shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong, max_new_tokens,
-                                     a.overlong_buffer, a.overlong_penalty) for s in scored]
-    rows = StepRows.from_scored(scored, [r for r, _ in shaped], [w for _, w in shaped], first_source)
+    rewards, weights = shape_rewards(cfg, scored, max_new_tokens)
+    rows = StepRows.from_scored(scored, rewards, weights, first_source)
     rows = rows.select(np.argsort(rows.group_ids, kind="stable"))  # group order; a group's rows in sample order
     if cut is not None:
         rows = rows.select(np.flatnonzero(rows.group_ids < streamed.group_offset + cut))

@@ -95,3 +95,17 @@ def stop_tree(processes: list[psutil.Process]) -> None:
     _, alive = psutil.wait_procs(processes, timeout=20)
     for process in alive:
         process.kill()
+
+
+def kill_child_titled(parent: psutil.Process, title: str) -> int | None:
+    """SIGKILL the first descendant of `parent` whose process title is `title` (Ray renames a worker
+    `ray::Class.method` while it runs a call; vLLM's engine core is `VLLM::EngineCore`); its pid,
+    or None when none has that title now."""
+    for child in parent.children(recursive=True):
+        try:
+            if child.cmdline()[:1] == [title]:
+                child.send_signal(signal.SIGKILL)
+                return child.pid
+        except psutil.Error:
+            continue
+    return None

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.config import load_config
 from grpo_ray.train.loop import train
 
-from .conftest import HAS_VLLM, ray_processes
+from .conftest import HAS_VLLM, kill_child_titled, ray_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -168,14 +168,9 @@ def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: 
     (`VLLM::EngineCore`, a child of its rollout actor)."""
     while proc.poll() is None and not killed:
         if any(line.startswith("step 2/") for line in lines):
-            for child in psutil.Process(proc.pid).children(recursive=True):
-                try:
-                    if child.cmdline()[:1] == [title]:
-                        child.send_signal(signal.SIGKILL)
-                        killed.append(child.pid)
-                        return
-                except psutil.Error:
-                    continue
+            if (pid := kill_child_titled(psutil.Process(proc.pid), title)) is not None:
+                killed.append(pid)
+                return
         time.sleep(0.002)
 
 

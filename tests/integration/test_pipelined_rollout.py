@@ -8,7 +8,6 @@ is replaced, and its share is sampled again by the weights that sampled the rest
 """
 
 import shutil
-import signal
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.config import load_config
 from grpo_ray.train.loop import train
 from grpo_ray.train.run import current_phase
+
+from .conftest import kill_child_titled
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 SETTINGS = ["train.steps=6", "train.checkpoint_every=3", "train.eval_every=0", "data.eval_limit=20",
@@ -92,14 +93,9 @@ def kill_while_sampling_ahead(killed: list[int], done: threading.Event) -> None:
     """SIGKILL the rollout worker while it generates during an update: the batch started ahead."""
     while not done.is_set() and not killed:
         if current_phase() == "update":
-            for proc in psutil.Process().children(recursive=True):
-                try:
-                    if proc.cmdline()[:1] == ["ray::RolloutWorker.generate"]:
-                        proc.send_signal(signal.SIGKILL)
-                        killed.append(proc.pid)
-                        return
-                except psutil.Error:
-                    continue
+            if (pid := kill_child_titled(psutil.Process(), "ray::RolloutWorker.generate")) is not None:
+                killed.append(pid)
+                return
         time.sleep(0.0005)
 
 
