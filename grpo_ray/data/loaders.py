@@ -1,4 +1,5 @@
-"""Read prompt/answer rows from local files or hub ids through `datasets`.
+"""Read prompt/answer rows from local files or hub ids (JSON lines read as written; parquet, arrow and hub
+ids through `datasets`).
 
 Row shapes (POLARIS, GSM8K, verl-style parquet, generic fields) are detected per row by
 `grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" name the project's offline arithmetic task.
@@ -6,6 +7,8 @@ Row shapes (POLARIS, GSM8K, verl-style parquet, generic fields) are detected per
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +96,8 @@ def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
             builder = _FORMATS.get(local.suffix)
             if builder is None:
                 raise DataError(f"{spec}: unsupported file type {local.suffix}; use jsonl, json, parquet or arrow")
+            if builder == "json":
+                return _json_records(local, spec)
             dataset = datasets.load_dataset(builder, data_files=str(local), split="train")
         elif local.is_dir():
             dataset = datasets.load_dataset(str(local), split="train")
@@ -106,7 +111,37 @@ def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
     return list(dataset)
 
 
-def _to_row(record: dict[str, Any], prompt_field: str | None, answer_field: str | None, index: int) -> Row | None:
+def _json_records(local: Path, spec: str) -> list[Any]:
+    """The records of a JSON-lines file (or of a .json file holding one array), as written.
+
+    Not through `datasets`: it casts each column to one type, which changes values (an int answer
+    in a column of strings) or refuses the whole file (mixed shapes, a field with an empty name),
+    where one odd record should only be skipped and counted.
+    """
+    try:
+        text = local.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{spec}: cannot read ({err}); give a UTF-8 JSON-lines file") from None
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, list):
+        return whole
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise DataError(f"{spec}: line {number} is not JSON ({err.msg}); fix or remove that line") from None
+    return records
+
+
+def _to_row(record: Any, prompt_field: str | None, answer_field: str | None, index: int) -> Row | None:
+    if not isinstance(record, Mapping):
+        return None  # a JSON line holding a number, string or list is no row
     parsed = parse_row(record, prompt_field, answer_field)
     if parsed is None:
         return None

@@ -169,6 +169,11 @@ json_records = st.lists(records(field_values(INT64), difficulties(INT64)), min_s
 @example([{}, {"prompt": "p", "answer": "1"}, {}])
 @example([{"prompt": None, "answer": None}])
 @example([{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": "x"}])  # mixed column types
+# `datasets` refused these whole files (a field with an empty name; one field a list in one record
+# and a dict in another) and cast a number question to text: JSON lines are now read as written.
+@example([{"question": "\x00", "answer": "\x00"}, {"": None, "\x00": None}, {"reward_model": {}, "prompt": [None]}])
+@example([{"question": "\x00", "answer": "\x00"}, {"prompt": [None, None]}, {"\x00": {}}])
+@example([{"question": "0", "answer": 1}, {"question": 0}, {"input": "\x00", "output": "\x00"}])
 def test_load_rows_skips_and_counts(recs):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rows.jsonl"
@@ -186,6 +191,23 @@ def test_load_rows_skips_and_counts(recs):
     for row in rows:
         assert_usable(row.prompt, row.answer)
         assert row.prompt == parse_row(recs[row.index]).prompt
+
+
+def test_a_line_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "p", "answer": "1"}\n\n[1, 2]\n{"prompt": "q",\n')
+    with pytest.raises(DataError, match=r"rows.jsonl: line 4 is not JSON \(.*\); fix or remove that line$"):
+        load_rows(str(path))
+    path.write_text('{"prompt": "p", "answer": "1"}\n\n[1, 2]\n"text"\n')  # blank lines pass; non-records skip
+    rows, skipped = load_rows(str(path))
+    assert [row.index for row in rows] == [0] and skipped == 2
+
+
+def test_a_json_file_holding_one_array_is_read(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([{"problem": "p", "answer": "2"}, {"problem": "", "answer": "3"}]))
+    rows, skipped = load_rows(str(path))
+    assert [(row.prompt, row.answer, row.index) for row in rows] == [("p", "2", 0)] and skipped == 1
 
 
 # ---------------------------------------------------------------- tokenize_prompts
