@@ -87,14 +87,30 @@ def ray_head(metrics_port: int | None = None, loopback_only: bool = False):
 
 
 def stop_tree(processes: list[psutil.Process]) -> None:
-    for process in processes:
+    """SIGTERM, then SIGKILL whatever is left after 20 s. A Ray node's processes go in the order
+    `ray stop` uses: its workers and helpers, then the raylet, then the GCS. Stopped all at once,
+    the raylet and GCS each waited for the other and held every teardown for the full 20 s."""
+    for group in _by_shutdown_order(processes):
+        for process in group:
+            try:
+                process.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(group, timeout=20)
+        for process in alive:
+            process.kill()
+
+
+def _by_shutdown_order(processes: list[psutil.Process]) -> list[list[psutil.Process]]:
+    def rank(process: psutil.Process) -> int:
         try:
-            process.send_signal(signal.SIGTERM)
+            program = Path((process.cmdline() or [""])[0]).name
         except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=20)
-    for process in alive:
-        process.kill()
+            return 0
+        return {"raylet": 1, "gcs_server": 2}.get(program, 0)
+
+    ranked = [(rank(process), process) for process in processes]
+    return [[process for r, process in ranked if r == order] for order in (0, 1, 2)]
 
 
 def kill_child_titled(parent: psutil.Process, title: str) -> int | None:
