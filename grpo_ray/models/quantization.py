@@ -65,10 +65,31 @@ def bitsandbytes_config(kind: str, dtype: str):
 
 
 def prepare_for_adapter_training(model: torch.nn.Module) -> torch.nn.Module:
-    """peft's k-bit preparation: frozen quantised base, float32 norms, input gradients for LoRA."""
+    """peft's k-bit preparation: frozen quantised base, float32 norms, input gradients for LoRA;
+    and 4bit layers kept in their trainable layout (`keep_trainable_4bit_layout`)."""
     from peft import prepare_model_for_kbit_training
 
-    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    keep_trainable_4bit_layout(model)
+    return model
+
+
+def keep_trainable_4bit_layout(model: torch.nn.Module) -> int:
+    """Turn off bitsandbytes' CPU inference repacking on every 4bit layer; returns how many.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.50) repacks a Linear4bit's weight into an
+    inference-only layout the first time the layer runs in eval mode without gradients (the
+    learner's `score`), and never packs it back: every later training forward then takes the
+    inference kernel and fails in `matmul_4bit` ("a view of a leaf Variable that requires grad is
+    being used in an in-place operation"). A learner trains over these layers, so they keep the
+    layout their autograd path reads; CPUs without AVX512-BF16 never repack.
+    """
+    count = 0
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+            count += 1
+    return count
 
 
 def _first_line(err: BaseException) -> str:

@@ -59,3 +59,29 @@ def test_validate_refuses_qlora_in_one_line_without_bitsandbytes():
     assert line.startswith("error: model.quantization: 4bit needs bitsandbytes, which cannot be imported here")
     assert "grpo-ray[quant]" in line
     assert "# resolved config" not in result.stdout  # refused before anything else
+
+
+def test_a_4bit_base_still_trains_after_it_scored_in_eval_mode():
+    # The learner scores (eval mode, no gradients) and then trains. On a CPU with AVX512-BF16,
+    # bitsandbytes repacked the 4bit weights for inference on the first and failed on the second
+    # unless the layers keep their trainable layout (on other CPUs this passes either way).
+    pytest.importorskip("bitsandbytes")
+    import torch
+
+    from grpo_ray.models.loading import apply_lora, load_causal_lm
+    from grpo_ray.models.tiny import ensure_tiny_artifacts
+
+    model = load_causal_lm(str(ensure_tiny_artifacts().model_dir), "float32", quantization="4bit")
+    model = apply_lora(model, 4, 8.0, 0.0, ("q_proj", "v_proj"))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model.eval()
+    with torch.no_grad():
+        scored = model(input_ids=ids).logits
+    model.train()
+    trained = model(input_ids=ids).logits
+    trained.float().logsumexp(-1).sum().backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_A" in n]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
+    torch.testing.assert_close(trained.detach(), scored, atol=1e-5, rtol=0)
+    layers = [m for m in model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    assert layers and not any(m.support_avx512bf16_for_cpu for m in layers)
