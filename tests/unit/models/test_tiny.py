@@ -146,7 +146,7 @@ def test_pretraining_lowers_the_loss(tokenizer):
 
 def test_fast_build_layout(fast_build, tokenizer):
     art = fast_build
-    assert art.model_dir.parent.name == "tiny-v1-seed1-steps5"  # never shadows the real build
+    assert art.model_dir.parent.name == "tiny-v2-seed1-steps5"  # never shadows the real build
     assert (art.model_dir.parent / "READY").exists()
     assert (art.model_dir / "model.safetensors").exists()
     assert read_jsonl(art.heldout_file) == make_addition_split(tiny.SEED)[1]
@@ -177,7 +177,7 @@ def test_second_call_returns_at_once_without_rebuilding(fast_build, monkeypatch)
 
 
 def _fake_build(calls, delay=0.0):
-    def build(out_dir, *, pretrain_steps, seed):
+    def build(out_dir, *, pretrain_steps, seed, pretrain=True):
         calls.append(out_dir)
         time.sleep(delay)
         (out_dir / "model").mkdir()
@@ -199,18 +199,18 @@ def test_concurrent_callers_build_once(tmp_path, monkeypatch):
         t.join()
     assert len(calls) == 1
     assert len(results) == 3 and len(set(results)) == 1
-    assert results[0].model_dir == tmp_path / "tiny-v1" / "model"
+    assert results[0].model_dir == tmp_path / "tiny-v2" / "model"
 
 
 def test_failed_build_leaves_no_folder_and_a_later_call_builds(tmp_path, monkeypatch):
-    def broken(out_dir, *, pretrain_steps, seed):
+    def broken(out_dir, *, pretrain_steps, seed, pretrain=True):
         (out_dir / "train.jsonl").write_text("partial")
         raise RuntimeError("killed mid-build")
 
     monkeypatch.setattr(tiny, "_build", broken)
     with pytest.raises(RuntimeError, match="mid-build"):
         tiny.ensure_tiny_artifacts(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-v1.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-v2.lock"]
 
     calls = []
     monkeypatch.setattr(tiny, "_build", _fake_build(calls))
@@ -219,12 +219,12 @@ def test_failed_build_leaves_no_folder_and_a_later_call_builds(tmp_path, monkeyp
 
 
 def test_folder_without_marker_is_rebuilt(tmp_path, monkeypatch):
-    (tmp_path / "tiny-v1").mkdir()
-    (tmp_path / "tiny-v1" / "stale.bin").write_text("x")
+    (tmp_path / "tiny-v2").mkdir()
+    (tmp_path / "tiny-v2" / "stale.bin").write_text("x")
     calls = []
     monkeypatch.setattr(tiny, "_build", _fake_build(calls))
     tiny.ensure_tiny_artifacts(tmp_path)
-    assert len(calls) == 1 and not (tmp_path / "tiny-v1" / "stale.bin").exists()
+    assert len(calls) == 1 and not (tmp_path / "tiny-v2" / "stale.bin").exists()
 
 
 def test_default_cache_dir_reads_the_environment(tmp_path, monkeypatch):
@@ -232,15 +232,16 @@ def test_default_cache_dir_reads_the_environment(tmp_path, monkeypatch):
     assert tiny.default_cache_dir() == tmp_path
     calls = []
     monkeypatch.setattr(tiny, "_build", _fake_build(calls))
-    assert tiny.ensure_tiny_artifacts().model_dir == tmp_path / "tiny-v1" / "model"
+    assert tiny.ensure_tiny_artifacts().model_dir == tmp_path / "tiny-v2" / "model"
 
 
 @pytest.mark.slow
 def test_default_build_starts_low_but_not_zero(tmp_path, capsys):
-    """The real recipe (~30-45 s on one core): held-out accuracy must leave GRPO room to work."""
+    """The real recipe, from the shipped weights: held-out accuracy must leave GRPO room to work."""
     art = tiny.ensure_tiny_artifacts(tmp_path)
     info = art.info
     assert (info["seed"], info["pretrain_steps"]) == (tiny.SEED, tiny.PRETRAIN_STEPS)
+    assert info["weights"] == "shipped (tiny_v2.safetensors)"
     assert 0.03 < info["start_heldout_accuracy"] < 0.40
     # What was saved is what was measured: reload from disk and evaluate again.
     model = AutoModelForCausalLM.from_pretrained(art.model_dir)
@@ -251,3 +252,23 @@ def test_default_build_starts_low_but_not_zero(tmp_path, capsys):
     tiny.main(["--out", str(tmp_path)])  # cached: prints at once
     out = capsys.readouterr().out
     assert str(art.model_dir) in out and "start held-out greedy accuracy" in out
+
+
+def test_shipped_weights_that_are_not_the_shipped_file_fail_naming_it(tmp_path, tokenizer):
+    # A truncated or edited copy would change every figure without a word.
+    copy = tmp_path / "tiny_v2.safetensors"
+    data = bytearray(tiny.SHIPPED_WEIGHTS.read_bytes())
+    data[-1] ^= 1
+    copy.write_bytes(bytes(data))
+    model = tiny.build_tiny_model(len(tokenizer), seed=tiny.SEED)
+    with pytest.raises(RuntimeError, match="tiny_v2.safetensors: sha256"):
+        tiny.load_shipped_weights(model, copy)
+
+
+def test_shipped_weights_load_into_the_tied_model(tokenizer):
+    model = tiny.build_tiny_model(len(tokenizer), seed=tiny.SEED, pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id)
+    before = model.model.layers[0].mlp.up_proj.weight.clone()
+    tiny.load_shipped_weights(model)
+    assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
