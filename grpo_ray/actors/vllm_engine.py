@@ -43,6 +43,7 @@ import torch
 
 from grpo_ray.actors.vllm_compat import (
     engine_args,
+    finish_weight_update,
     make_async_engine,
     request_id,
     sampling_params,
@@ -272,7 +273,7 @@ class VllmEngine:
         async def update_all():
             await self.llm.start_weight_update()
             await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
-            await self.llm.finish_weight_update(str(version))
+            await finish_weight_update(self.llm, version)
             await self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             return await self.llm.collective_rpc("grpo_sync_report")
 

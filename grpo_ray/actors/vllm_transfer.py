@@ -35,6 +35,7 @@ from grpo_ray.transport.broadcast import (
     arriving_buckets,
     bucket_tensors,
     device_identity,
+    send_buckets,
     timed_raw_broadcast,
 )
 from grpo_ray.types import WeightSpec
@@ -115,6 +116,15 @@ class BucketWeightTransferEngine(WeightTransferEngine):
 
     def shutdown(self) -> None:
         self.group = None
+
+    @staticmethod
+    def trainer_send_weights(iterator, trainer_args) -> tuple[int, int]:
+        """The sending side (vLLM 0.26's engine interface asks every engine class for it): learner
+        rank 0's send of the tensors `iterator` yields, as (name, tensor) or tensor, in the plan's
+        bucket order, through `trainer_args` {group, specs, buckets}; returns (checksum, bytes).
+        The learner calls transport.broadcast.send_buckets itself, which this is."""
+        tensors = (item[1] if isinstance(item, tuple) else item for item in iterator)
+        return send_buckets(trainer_args["group"], tensors, trainer_args["specs"], trainer_args["buckets"])
 
 
 class GrpoWorkerExtension:
