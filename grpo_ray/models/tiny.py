@@ -10,13 +10,11 @@ enough at the start that GRPO has something to improve. This module makes one:
   early on purpose so that greedy held-out accuracy starts low but above zero (21% with the
   defaults below).
 
-The default build's pre-trained weights ship with the package (`tiny_v2.safetensors`, 2.1 MB) and
-are loaded instead of pre-training again. Pre-training is numerically chaotic: the same code, seed
-and packages on one thread reached 21.0% held-out accuracy with torch's AVX2 kernels and 12.0% with
-its AVX-512 ones (`ATEN_CPU_CAPABILITY`, measured 2026-11-24), so every kind of CPU built another
-starting model, and the tests and figures tuned on one failed on the other. The shipped file is
-the AVX2 build: ``ATEN_CPU_CAPABILITY=avx2 python -m grpo_ray.models.tiny --pretrain --out DIR``
-rebuilds it bit for bit (other seeds and step counts always pre-train).
+The default build's pre-trained weights ship with the package (`tiny_v2.safetensors`, 2.1 MB):
+pre-training is numerically chaotic, and the same code, seed and packages reached 21.0% held-out
+accuracy with torch's AVX2 kernels but 12.0% with its AVX-512 ones (measured 2026-11-24), so each
+kind of CPU built another starting model. The file is the AVX2 build, which
+``ATEN_CPU_CAPABILITY=avx2 python -m grpo_ray.models.tiny --pretrain`` rebuilds bit for bit.
 
 The result is built once and cached; later calls return at once::
 
@@ -52,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from grpo_ray.models.tiny_task import make_addition_split, write_jsonl
+from grpo_ray.models.tiny_weights import SHIPPED_WEIGHTS, load_shipped_weights
 from grpo_ray.quiet import choose_deepspeed_accelerator
 
 if TYPE_CHECKING:
@@ -89,9 +88,6 @@ QWEN2_PRETOKENIZE_REGEX = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 MARKER_FILE = "READY"
-# The default build's weights (see the module docstring) and their digest, checked on load.
-SHIPPED_WEIGHTS = Path(__file__).with_name("tiny_v2.safetensors")
-SHIPPED_SHA256 = "bfc7a66e5a7ab5fd20ae0d53672661e97ad9fabe9abb7cabeaa4a57de1b795b4"
 INFO_FILE = "tiny_info.json"
 
 
@@ -289,24 +285,6 @@ def _torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
-
-
-def load_shipped_weights(model: Qwen2ForCausalLM, path: Path = SHIPPED_WEIGHTS) -> None:
-    """The default build's pre-trained weights, in place; fails naming the file if it is not the
-    one shipped (a truncated or edited copy would silently change every figure)."""
-    import hashlib
-
-    from safetensors.torch import load_file
-
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if digest != SHIPPED_SHA256:
-        raise RuntimeError(f"{path}: sha256 {digest[:12]}..., expected {SHIPPED_SHA256[:12]}...; reinstall grpo-ray "
-                           "or rebuild it (python -m grpo_ray.models.tiny --pretrain)")
-    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
-    # The LM head is tied to the embeddings, so the file does not hold it.
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise RuntimeError(f"{path}: does not fit the tiny model (missing {missing}, unexpected {unexpected})")
-    model.tie_weights()
 
 
 def _build(out_dir: Path, *, pretrain_steps: int, seed: int, pretrain: bool = True) -> None:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_ray.models.tiny_task import addition_problem, make_addition_split, read_jsonl
-from grpo_ray.models import tiny
+from grpo_ray.models import tiny, tiny_weights
 
 CHAT_PROMPT = "<|im_start|>user\n37+45=<|im_end|>\n<|im_start|>assistant\n"
 
@@ -257,18 +257,18 @@ def test_default_build_starts_low_but_not_zero(tmp_path, capsys):
 def test_shipped_weights_that_are_not_the_shipped_file_fail_naming_it(tmp_path, tokenizer):
     # A truncated or edited copy would change every figure without a word.
     copy = tmp_path / "tiny_v2.safetensors"
-    data = bytearray(tiny.SHIPPED_WEIGHTS.read_bytes())
+    data = bytearray(tiny_weights.SHIPPED_WEIGHTS.read_bytes())
     data[-1] ^= 1
     copy.write_bytes(bytes(data))
     model = tiny.build_tiny_model(len(tokenizer), seed=tiny.SEED)
     with pytest.raises(RuntimeError, match="tiny_v2.safetensors: sha256"):
-        tiny.load_shipped_weights(model, copy)
+        tiny_weights.load_shipped_weights(model, copy)
 
 
 def test_shipped_weights_load_into_the_tied_model(tokenizer):
     model = tiny.build_tiny_model(len(tokenizer), seed=tiny.SEED, pad_token_id=tokenizer.pad_token_id,
                                   eos_token_id=tokenizer.eos_token_id)
     before = model.model.layers[0].mlp.up_proj.weight.clone()
-    tiny.load_shipped_weights(model)
+    tiny_weights.load_shipped_weights(model)
     assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
