@@ -77,6 +77,8 @@ class Run:
                                       self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg),
                                       # A batch k updates old is finished after the next version was sent: k + 1.
                                       keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0)
+        if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
+            self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
         receivers = self.sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
         self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) to {receivers} "

@@ -183,6 +183,7 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         stale_gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
         assert stale_gap.max() > 1e-3, "before the sync the engine must still hold the old weights"
 
+        sync.note_probe(probe)  # version 0: the weights the engine holds now
         result = sync.sync(version=1, probe=probe, probe_tolerance=1e-4)
         assert result.num_bytes > 0 and result.probe_max_abs_diff <= 1e-4
         gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
@@ -195,10 +196,15 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         sample_gap = np.abs(learner_view - sampled.rollout_logprobs) * sampled.completion_mask
         assert sample_gap.max() < 1e-4, f"{backend}: sampling log-probs differ by {sample_gap.max():.2e}"
 
-        # A worker that misses an update is caught by the probe and named.
+        # A worker that misses an update is caught by the probe and named: with no other version
+        # probed since, by the tolerance; once the driver believes version 2 was loaded, by the
+        # comparison with version 1, whatever the tolerance.
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         with pytest.raises(WeightSyncError, match="rollout-0: probe log-probs differ"):
             sync.check_probe(probe, tolerance=1e-4)
+        sync.version = 2
+        with pytest.raises(WeightSyncError, match=r"rollout-0: .* no closer to them than to the weights of version 1 "):
+            sync.check_probe(probe, tolerance=1e-9)
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)
