@@ -137,6 +137,10 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_m
     for line in describe_lr_segments(plan_lr_segments(cfg)):
         click.echo(line)
     address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    if not address and (conflicts := _check_against_local_gpus(cfg)):
+        for line in conflicts:
+            click.echo(f"cannot start: {line}", err=True)
+        sys.exit(1)
     if address:
         missing = _check_against_cluster(cfg, address)
         if missing:
@@ -155,6 +159,20 @@ def check_quantization(cfg) -> None:
     problem = quantization_problem(cfg.model.quantization, cfg.learner.num_gpus > 0)
     if problem is not None:
         raise ConfigError(problem)
+
+
+def _check_against_local_gpus(cfg) -> list[str]:
+    """Without a cluster, `train` starts a local Ray on this machine: a plan whose NCCL ranks cannot
+    each have a GPU here cannot start (a machine without GPUs is a head node: nothing to check)."""
+    import torch
+
+    from grpo_ray.cluster.fit import nccl_conflicts, plan_bundles
+
+    if not torch.cuda.is_available():
+        return []
+    roles = plan_resources(cfg)
+    bundles, _ = plan_bundles(roles, cfg.placement.colocate)
+    return nccl_conflicts(roles, bundles, float(torch.cuda.device_count()))
 
 
 def _check_against_cluster(cfg, address: str) -> list[str]:

@@ -70,6 +70,7 @@ def shortfalls(roles: list[RoleResources], bundles: list[Bundle], nodes: list[No
         if role.labels and not any(_has_labels(node, role.labels) for node in nodes):
             wanted = ",".join(f"{k}={v}" for k, v in role.labels.items())
             found.append(f"{role.role} needs a node labelled {wanted}, no node has that label")
+    found += nccl_conflicts(roles, bundles, math.fsum(node.resources.get("GPU", 0.0) for node in nodes))
     if found:
         return found
     for bundle in bundles:
@@ -82,6 +83,23 @@ def shortfalls(roles: list[RoleResources], bundles: list[Bundle], nodes: list[No
             )
             break  # the same shape repeats for the role's other workers
     return found
+
+
+def nccl_conflicts(roles: list[RoleResources], bundles: list[Bundle], gpus: float) -> list[str]:
+    """Learner ranks with GPUs form one NCCL group, and NCCL refuses two ranks on one GPU ("invalid
+    usage" at set-up): a plan that can put two there cannot start. One line each, naming the fields."""
+    learner = next((role for role in roles if role.role == "learner"), None)
+    if learner is None or learner.count < 2 or not learner.num_gpus:
+        return []
+    if gpus < learner.count:
+        return [f"learner.num_workers {learner.count}: its ranks form one NCCL group, which needs a GPU per rank, and "
+                f"the cluster has {gpus:g}; set learner.num_workers to {max(1, int(gpus))} or add GPUs"]
+    shares = {bundle.resources.get("GPU", 0.0) for bundle in bundles if "learner" in bundle.roles}
+    if min(shares) < 1:
+        return [f"learner.num_gpus {learner.num_gpus:g} with learner.num_workers {learner.count}: Ray may place two ranks "
+                "of one NCCL group on one GPU, which NCCL refuses; set learner.num_gpus to 1, or colocate learner with "
+                "rollout (placement.colocate) so that each pair takes a whole GPU"]
+    return []
 
 
 def _has_labels(node: NodeView, labels: dict[str, str]) -> bool:

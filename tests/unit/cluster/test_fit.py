@@ -81,3 +81,23 @@ def test_tensor_parallel_engines_reserve_their_gpus():
     check_config(cfg)
     bundles, index = plan_bundles(plan_resources(cfg))
     assert [bundles[i].resources["GPU"] for i in index["rollout"]] == [2.0, 2.0]
+
+
+def test_two_learner_ranks_on_one_gpu_cannot_start():
+    # Two learner ranks form one NCCL group; NCCL refuses two ranks on one GPU ("invalid usage"),
+    # though Ray's bookkeeping (0.5 + 0.5) fits them on one.
+    roles = roles_of(learner={"num_workers": 2, "num_gpus": 0.5}, rollout={"num_gpus": 0})
+    bundles, _ = plan_bundles(roles)
+    assert shortfalls(roles, bundles, [NodeView({"CPU": 16, "GPU": 1})]) == [
+        "learner.num_workers 2: its ranks form one NCCL group, which needs a GPU per rank, and the cluster has 1; "
+        "set learner.num_workers to 1 or add GPUs"]
+
+
+def test_fractional_learner_gpus_may_share_one_even_where_there_are_enough():
+    roles = roles_of(learner={"num_workers": 2, "num_gpus": 0.5}, rollout={"num_gpus": 0.5})
+    bundles, _ = plan_bundles(roles)
+    (line,) = shortfalls(roles, bundles, [NODE_8_CPU_4_GPU])
+    assert line.startswith("learner.num_gpus 0.5 with learner.num_workers 2: Ray may place two ranks of one NCCL group on one GPU")
+    # Colocated with a rollout worker, each pair takes a whole GPU of its own: it starts.
+    together, _ = plan_bundles(roles, ("learner", "rollout"))
+    assert shortfalls(roles, together, [NODE_8_CPU_4_GPU]) == []
