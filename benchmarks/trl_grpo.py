@@ -6,6 +6,11 @@ from) and passes the model folder and the settings grpo-ray runs with; the rewar
 exact_match, loaded from its file so that this environment needs nothing of grpo-ray's.
 
     benchmarks/.venv-trl/bin/python benchmarks/trl_grpo.py --model DIR --prompts FILE.jsonl --json OUT.json
+
+On a GPU (benchmarks/gpu_e2e.py): `--gpu` trains in bf16 with vLLM colocated in the trainer's
+process (`use_vllm=True, vllm_mode="colocate"`, TRL's one-GPU setup), and `--reward length` scores
+with TRL's tl;dr length reward (-|characters - target|), which a random model's completions
+differ on, where exact match scores them all 0.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="/tmp/trl-grpo-bench")
     parser.add_argument("--json", required=True)
+    parser.add_argument("--gpu", action="store_true", help="bf16 on the GPU, vLLM colocated")
+    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--reward", choices=["exact_match", "length"], default="exact_match")
+    parser.add_argument("--target-chars", type=int, default=100)
     args = parser.parse_args()
 
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines()]
@@ -68,10 +77,12 @@ def main() -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if args.gpu else torch.float32)
     exact_match = load_exact_match()
 
     def reward(prompts, completions, answer, **_):
+        if args.reward == "length":
+            return [-abs(len(c) - args.target_chars) for c in completions]
         return exact_match(completions, prompts, answer)
 
     completions_per_step = args.prompts_per_step * args.generations
@@ -100,8 +111,10 @@ def main() -> None:
         scale_rewards="group",
         epsilon=0.2,
         num_iterations=1,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=not args.gpu,
+        bf16=args.gpu,
+        **(dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization)
+           if args.gpu else {}),
         seed=args.seed,
         logging_steps=1,
         report_to="none",
@@ -120,6 +133,8 @@ def main() -> None:
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     result = {
         "trl_version": __import__("trl").__version__,
+        "device": torch.cuda.get_device_name() if args.gpu else "cpu",
+        "phases_note": "TRL generates, scores and updates inside one step: no per-phase split",
         "torch_threads": torch.get_num_threads(),
         "steps": len(clock.seconds),
         "seconds_per_step": seconds_per_step,

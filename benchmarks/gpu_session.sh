@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# What a lent GPU machine with no network runs, once the offline overlay (../shared/gpu/README.md)
+# is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
+# sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
+# goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | tiny | e2e; default all three)
+# Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-cache} PYTHONUNBUFFERED=1
+PARTS=${*:-tests tiny e2e}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, vllm, ray, deepspeed, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+for part in $PARTS; do
+  started=$(date +%s)
+  case $part in
+    tests)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/actors/test_vllm_transfer.py \
+        tests/unit/transport/test_probe.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
+    tiny)
+      # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
+      timeout 330 python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
+        --new-tokens 5 --micro-batch 128 --probe-every 1 --probe-tolerance 1e-3 --stall-seconds 60 \
+        --work /tmp/e2e-tiny --json "$OUT/gpu_e2e_tiny.json" 2>&1 | tail -30 | tee "$OUT/tiny.log"
+      tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
+    e2e)
+      timeout 540 python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
+        --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tail -40 | tee "$OUT/e2e.log"
+      tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
+  esac
+  echo "== $part: $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
+done
