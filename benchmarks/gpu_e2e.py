@@ -115,7 +115,8 @@ def grpo_run(name: str, work: Path, model_dir: Path, args, pipelined: bool) -> d
     for item in grpo_sets(model_dir, out, args, pipelined):
         command += ["--set", item]
     started = time.perf_counter()
-    result = watch(command, work / f"{name}.log", args.stall_seconds, {**os.environ, "PYTHONPATH": str(ROOT)})
+    path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    result = watch(command, work / f"{name}.log", args.stall_seconds, {**os.environ, "PYTHONPATH": path})
     result["wall_seconds"] = time.perf_counter() - started
     if result["returncode"] != 0:
         result["log_tail"] = (work / f"{name}.log").read_text(errors="replace")[-3000:]
@@ -184,6 +185,10 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     import torch
+
+    # MLflow 3 reads a file store only when asked to (mlflow-skinny, as on the offline GPU machine,
+    # has no sqlite store); the runs write one (tracking.tracking_uri).
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-ray-gpu-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
