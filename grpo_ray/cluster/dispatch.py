@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import ray
 
+from grpo_ray.cluster.placement import ClusterError
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import pool_bounds, worker_share
 from grpo_ray.cluster.tasks import task_cancelled
 from grpo_ray.config import Config
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
+
+
+class StalledError(ClusterError):
+    """A phase whose calls stopped returning for weight_sync.timeout_s; names the phase and the workers."""
 
 
 class CallFailed(RuntimeError):
@@ -27,13 +32,27 @@ class CallFailed(RuntimeError):
         self.cause = cause
 
 
-def wait_for(refs: list) -> None:
-    """Until every ref is ready, without pulling the data here (the driver only forwards slices)."""
-    ray.wait(refs, num_returns=len(refs), fetch_local=False)
+def wait_for(refs: list, owners: dict | None = None, stall_s: float | None = None, phase: str = "rollout") -> None:
+    """Until every ref is ready, without pulling the data here (the driver only forwards slices).
+
+    stall_s: when no ref became ready for that long, the phase has stopped making progress: one
+    line naming the phase and the workers (`owners`: ref -> name) still owing a result."""
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=stall_s, fetch_local=False)
+        if not ready:
+            names = sorted({(owners or {}).get(ref, "?") for ref in pending})
+            raise StalledError(f"{phase} made no progress for {stall_s:g} s (weight_sync.timeout_s): nothing came back "
+                               f"from {', '.join(names)}; raise weight_sync.timeout_s if one call legitimately takes longer")
 
 
 def fetch(ref):
     return ray.get(ref)
+
+
+def rollout_owners(per_worker: list[list]) -> dict:
+    """ref -> "rollout-i" for rollout_refs' result (what a stalled wait names)."""
+    return {ref: f"rollout-{index}" for index, refs in enumerate(per_worker) for ref in refs}
 
 
 def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0,

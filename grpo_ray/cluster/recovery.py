@@ -122,10 +122,14 @@ class WorkerRecovery:
     def _wait_until_back(self, actor: Any, name: str) -> int:
         """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran."""
         deadline = time.monotonic() + self.timeout_s
+        announced = False
         while True:
             try:
                 return ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+                if not announced:  # a restart can take minutes (a vLLM engine's start): never silently
+                    self.log(f"{name} is not reachable: waiting up to {self.timeout_s:g} s for Ray to restart it")
+                    announced = True
                 if time.monotonic() > deadline:
                     raise ClusterError(f"{name} died and Ray did not restart it within {self.timeout_s:g} s") from None
                 time.sleep(0.5)

@@ -15,11 +15,12 @@ batch builder reads the scored chunks as they come, can stop the rollout once it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import ray
 
-from grpo_ray.cluster.dispatch import chunk_stream, collect_scores, reissue_lost_part, score_tasks
+from grpo_ray.cluster.dispatch import StalledError, chunk_stream, collect_scores, reissue_lost_part, score_tasks
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import chunk_sizes, worker_share
 from grpo_ray.config import Config
@@ -42,6 +43,7 @@ class StreamedRollout:
         self.chunks: dict[int, list[Chunk]] = {}  # per rollout worker, its chunks in arrival order
         self.due: dict[int, list[int]] = {}  # per rollout worker, the group count of each chunk it owes
         self.streams: dict[int, object] = {}  # per rollout worker still yielding, its ObjectRefGenerator
+        self.progressed = time.monotonic()  # the last time a chunk arrived or a scoring finished
         for index in range(len(workers.rollouts)):
             self.issue(index, version)
 
@@ -71,6 +73,7 @@ class StreamedRollout:
         waiting = list(self.streams.values()) + [ref for c in scoring for ref in _task_refs(c.tasks)]
         if waiting:
             ray.wait(waiting, num_returns=1, timeout=timeout, fetch_local=False)
+        arrived = sum(len(chunks) for chunks in self.chunks.values()) + len(self.streams)
         for index, stream in list(self.streams.items()):
             self._take_arrivals(index, stream)
         for chunk in scoring:
@@ -78,6 +81,14 @@ class StreamedRollout:
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             if len(ready) == len(refs):
                 chunk.scored = collect_scores(self.cfg, chunk.tasks)
+        now = time.monotonic()
+        if sum(len(chunks) for chunks in self.chunks.values()) + len(self.streams) != arrived or any(c.scored for c in scoring):
+            self.progressed = now
+        elif now - self.progressed > self.cfg.weight_sync.timeout_s:
+            owing = [f"rollout-{index}" for index in sorted(self.streams)] or ["the reward workers scoring it"]
+            raise StalledError(f"streamed rollout made no progress for {self.cfg.weight_sync.timeout_s:g} s "
+                               f"(weight_sync.timeout_s): no chunk and no score from {', '.join(owing)}; raise "
+                               "weight_sync.timeout_s if one chunk legitimately takes longer")
 
     def _take_arrivals(self, index: int, stream) -> None:
         while True:

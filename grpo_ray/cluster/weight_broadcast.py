@@ -125,7 +125,11 @@ class WeightBroadcaster:
         try:
             reports: list = ray.get(sends + receives, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise WeightSyncError(f"weight sync {version} did not finish within {self.timeout_s:g} s") from None
+            names = [f"learner-{i} (sending)" for i in range(len(sends))] + [f"rollout-{i} (receiving)" for i in range(len(receives))]
+            _, pending = ray.wait(sends + receives, num_returns=len(names), timeout=0)
+            stuck = [name for name, ref in zip(names, sends + receives) if ref in pending]
+            raise WeightSyncError(f"weight sync {version} made no progress for {self.timeout_s:g} s (weight_sync.timeout_s): "
+                                  f"{', '.join(stuck)} did not finish") from None
         except ray.exceptions.RayError as err:
             raise WeightSyncError(f"weight sync {version} failed: {error_line(err)}") from None
         sent = reports[0]

@@ -34,7 +34,8 @@ import numpy as np
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
-from grpo_ray.cluster.dispatch import CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_refs, score_tasks, wait_for
+from grpo_ray.cluster.dispatch import (CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_owners,
+                                       rollout_refs, score_tasks, wait_for)
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
@@ -185,7 +186,7 @@ class BatchBuilder:
         if generation.streamed is not None:
             return self._finish_streamed(generation, refs, slice_rows, timer, need)
         with timer("rollout"):  # the part of the rollout the step waits for
-            wait_for(rank_major(generation.per_worker))
+            wait_for(rank_major(generation.per_worker), rollout_owners(generation.per_worker), self.cfg.weight_sync.timeout_s)
         rows_per_slice = generation.rows_per_slice
         with timer("reward"):
             new_refs, scored = self._score_all(generation)
