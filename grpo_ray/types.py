@@ -233,6 +233,7 @@ class SyncReport:
     checksum: int  # weight_sync.bucket_checksum chained over the buckets, in send order
     num_bytes: int
     seconds: float
+    during_generation: bool = False  # the engine was generating when these weights landed (vllm, pipelined)
 
 
 @dataclass(frozen=True)

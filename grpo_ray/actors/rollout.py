@@ -112,6 +112,8 @@ class RolloutWorker:
         """
         if expected_version is not None and expected_version != self.policy_version:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
+        # The version the batch starts with labels its rows: a sync may land while it generates.
+        version = self.policy_version
         groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
@@ -123,7 +125,7 @@ class RolloutWorker:
         per_slice = len(rows) // num_slices
         pad = self.tokenizer.pad_token_id
         slices = tuple(
-            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, self.policy_version, diversity)
+            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, version, diversity)
             for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
@@ -140,21 +142,22 @@ class RolloutWorker:
         the requests still running. Group ids and sampling seeds are those of `generate`."""
         if expected_version is not None and expected_version != self.policy_version:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
-        pad = self.tokenizer.pad_token_id
+        pad, version = self.tokenizer.pad_token_id, self.policy_version
         done: list[tuple[int, list]] = []
         stream = self._engine_call(self.engine.generate_stream, [p.token_ids for p in prompts], sampling, stop)
         for k, completions in self._engine_stream(stream):
             done.append((k, completions))
             if len(done) == groups_per_chunk:
-                yield self._chunk(done, prompts, group_offset, pad)
+                yield self._chunk(done, prompts, group_offset, pad, version)
                 done = []
         if done and not (stop is not None and stop()):
-            yield self._chunk(done, prompts, group_offset, pad)
+            yield self._chunk(done, prompts, group_offset, pad, version)
 
-    def _chunk(self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int) -> RolloutSlice:
+    def _chunk(self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int,
+               version: int) -> RolloutSlice:
         rows = [(group_offset + k, prompts[k], completion) for k, completions in groups for completion in completions]
         diversity = {group_offset + k: group_distinct_ratio([c.text for c in completions]) for k, completions in groups}
-        return pack_slice(rows, pad, self.policy_version, diversity)
+        return pack_slice(rows, pad, version, diversity)
 
     def score(self, input_ids: np.ndarray, attention_mask: np.ndarray, temperature: float = 1.0) -> np.ndarray:
         return self._engine_call(self.engine.score, input_ids, attention_mask, temperature)
@@ -207,7 +210,8 @@ class RolloutWorker:
             shards = self._engine_call(self.engine.receive_weights, version, drop)
             self.policy_version = version
             return [SyncReport(who=f"{self.name} (tp rank {s['shard']})", version=version, checksum=s["checksum"],
-                               num_bytes=s["num_bytes"], seconds=s["seconds"]) for s in shards]
+                               num_bytes=s["num_bytes"], seconds=s["seconds"], during_generation=s["during_generation"])
+                    for s in shards]
         assert self._group is not None, "join_weight_sync first"
         tally = ReceiveTally()
         try:

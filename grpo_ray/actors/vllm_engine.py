@@ -23,6 +23,11 @@
   shard loads from the folder (vLLM keys loaded adapters by id, so each version gets a fresh id
   and the previous one is removed). Until the first sync, no adapter: peft starts lora_B at zero,
   so the base model is the learner's starting policy.
+- Weight updates go through vLLM's in-flight protocol: generation paused with its requests kept,
+  start / update / finish (the version recorded where vLLM keeps one), the KV of running requests and
+  the prefix cache dropped (computed with the old weights), resumed. In a pipelined run the rollout
+  actor lets a sync in beside a generate call (its SYNC_GROUP), so the weights land mid-batch;
+  `during_generation` in each report says whether they did.
 - A dead engine (its core or a worker process died) fails every later call with EngineDeadError;
   the rollout actor then exits (rollout.py), so Ray and the driver's recovery replace the worker.
 """
@@ -115,6 +120,7 @@ class VllmEngine:
             # TP > the number of nodes (one on this machine). The rollout worker's share of the
             # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        self._running = 0  # generate requests in flight (touched on the engine's loop only)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -186,6 +192,7 @@ class VllmEngine:
         """Start every request (the engine batches them); each one's final output goes to
         `finished` as (k, output), an error as (k, error). Returns the future of them all."""
         async def one(k, ids, sampling_params):
+            self._running += 1
             try:
                 final = None
                 async for output in self.llm.generate(token_prompt(ids), sampling_params, request_id("grpo"),
@@ -196,6 +203,8 @@ class VllmEngine:
                 raise
             except Exception as err:  # noqa: BLE001 - handed to the reading thread, which raises it
                 finished.put((k, err))
+            finally:
+                self._running -= 1
 
         everything = asyncio.gather(*(one(k, ids, p) for k, (ids, p) in enumerate(zip(prompts, params))))
         # Stopped early, it ends cancelled: say it was seen, or asyncio logs it as never retrieved.
@@ -271,11 +280,21 @@ class VllmEngine:
         _, update = transfer_requests()
 
         async def update_all():
-            await self.llm.start_weight_update()
-            await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
-            await finish_weight_update(self.llm, version)
-            await self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-            return await self.llm.collective_rpc("grpo_sync_report")
+            # vLLM's in-flight protocol: requests still generating (a batch started ahead, when the
+            # rollout worker lets a sync in beside it) are paused and kept, not aborted; no step runs
+            # on half-loaded weights; their KV and the prefix cache, computed with the old weights,
+            # are dropped and recomputed (running requests are preempted back to waiting); then on.
+            during = self._running > 0
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self.llm.start_weight_update()
+                await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
+                await finish_weight_update(self.llm, version)
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+            finally:
+                await self.llm.resume_generation()
+            reports = await self.llm.collective_rpc("grpo_sync_report")
+            return [{**report, "during_generation": during} for report in reports]
 
         return self._run(update_all())
 

@@ -76,13 +76,16 @@ def nodes_at(address: str) -> list[NodeView]:
 
 
 def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str,
-          max_restarts: int = 0) -> Any:
+          max_restarts: int = 0, concurrency_groups: dict[str, int] | None = None) -> Any:
     """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class.
 
     With max_restarts, Ray brings a dead actor back in the same bundle; its tasks are never retried
-    (the caller decides what to re-issue: see cluster/recovery.py)."""
+    (the caller decides what to re-issue: see cluster/recovery.py). concurrency_groups: named
+    groups of calls that run beside the default group's (one at a time), e.g. a weight sync that
+    lands while the worker generates."""
     remote_cls = ray.remote(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None,
-                            max_restarts=max_restarts, max_task_retries=0)(cls)
+                            max_restarts=max_restarts, max_task_retries=0,
+                            **({"concurrency_groups": concurrency_groups} if concurrency_groups else {}))(cls)
     return remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
 
 

@@ -17,7 +17,8 @@ from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, Rewar
 from grpo_ray.actors.rollout import RolloutWorker
 from grpo_ray.cluster.settings import learner_settings, rollout_settings
 from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
-from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources
+from grpo_ray.cluster.weight_broadcast import SYNC_GROUP
+from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources, syncs_during_generation
 
 
 @dataclass
@@ -103,7 +104,9 @@ def setup_learners(learners: list[Any]) -> None:
 def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
     return [
         spawn(RolloutWorker, placement, "rollout", i, resources, rollout_settings(cfg, i), name=f"rollout-{i}",
-              max_restarts=cfg.ray.max_actor_restarts)
+              max_restarts=cfg.ray.max_actor_restarts,
+              # A sync's receive runs in a group of its own, beside a generate call (vllm_engine.py).
+              concurrency_groups={SYNC_GROUP: 1} if syncs_during_generation(cfg) else None)
         for i in range(cfg.rollout.num_workers)
     ]
 

@@ -27,6 +27,8 @@ from grpo_ray.types import Probe, SyncReport
 
 
 T = TypeVar("T")
+# The rollout workers' concurrency group a sync's receive runs in when it may land during generation.
+SYNC_GROUP = "sync"
 
 
 class WeightSyncError(RuntimeError):
@@ -39,17 +41,21 @@ class SyncResult:
     seconds: float
     num_bytes: int
     probe_max_abs_diff: float | None
+    during_generation: int = 0  # rollout workers whose engine was generating when the weights landed
 
 
 class WeightBroadcaster:
     def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
-                 keep_versions: int = 0):
+                 keep_versions: int = 0, during_generation: bool = False):
         """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
         keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
         started ahead, up to rollout.max_staleness updates old, is finished after the next version
-        was sent: max_staleness + 1), for with_kept_weights."""
+        was sent: max_staleness + 1), for with_kept_weights.
+        during_generation: the rollout workers receive in their SYNC_GROUP, so that a sync lands
+        while they generate (config.syncs_during_generation) instead of after."""
         self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
         self.keep_versions = keep_versions
+        self.during_generation = during_generation
         self.backend, self.backend_reason = "gloo", ""
         self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20), adapter_only))
         self.form_group()
@@ -90,12 +96,14 @@ class WeightBroadcaster:
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         self.target = version
-        sent, received = self._broadcast(version)
+        sent, received = self._broadcast(version, in_flight=self.during_generation)
         self.syncs += 1
         self.version = version
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
-        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff)
+        landed = len({r.who.split(" ")[0] for r in received if r.during_generation})
+        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff,
+                               during_generation=landed)
         return self.last
 
     def with_kept_weights(self, version: int, issue: Callable[[], T]) -> T:
@@ -113,15 +121,17 @@ class WeightBroadcaster:
             self._broadcast(current)
             self.version = current
 
-    def _broadcast(self, version: int, kept: bool = False) -> tuple[SyncReport, list[SyncReport]]:
+    def _broadcast(self, version: int, kept: bool = False, in_flight: bool = False) -> tuple[SyncReport, list[SyncReport]]:
         """Learner rank 0 sends (the weights it holds, or with `kept` its copy of `version`), every
-        rollout rank receives and reports; the digests must all agree."""
+        rollout rank receives and reports; the digests must all agree. in_flight: the receive runs
+        beside a generate call in flight (SYNC_GROUP) rather than after it."""
         if kept:
             sends = [self.learners[0].send_weights.remote(version, self.buckets, self.adapter_only, kept=True)]
         else:
             sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only, keep=self.keep_versions)
                      for learner in self.learners]
-        receives = [worker.receive_weights.remote(version) for worker in self.rollouts]
+        receives = [(worker.receive_weights.options(concurrency_group=SYNC_GROUP) if in_flight else worker.receive_weights)
+                    .remote(version) for worker in self.rollouts]
         try:
             reports: list = ray.get(sends + receives, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:

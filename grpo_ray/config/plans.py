@@ -147,6 +147,13 @@ def syncs_lora_adapter(cfg: Config) -> bool:
     return cfg.model.lora.enabled and cfg.weight_sync.lora_adapter_only
 
 
+def syncs_during_generation(cfg: Config) -> bool:
+    """Whether weight syncs may land while a rollout worker generates (rollout.vllm.sync_during_generation):
+    vllm engines of a pipelined run that receive full weights."""
+    return (cfg.rollout.backend == "vllm" and cfg.rollout.max_staleness > 0 and cfg.rollout.vllm.sync_during_generation
+            and not syncs_lora_adapter(cfg))
+
+
 def check_config(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)

@@ -81,6 +81,12 @@ class VllmConfig(_Section):
     enforce_eager: bool = True
     # Longest prompt + completion the engine accepts; null: max_prompt_tokens + max_new_tokens.
     max_model_len: int | None = Field(None, ge=8)
+    # Pipelined runs (rollout.max_staleness > 0): a weight sync lands while the engine generates a
+    # batch started ahead, through vLLM's in-flight protocol (its requests paused and kept, the
+    # weights swapped, their KV recomputed, resumed), instead of waiting for the batch to finish.
+    # The batch's later tokens then come from the newer weights; its rows keep the version they
+    # started with. Not with a LoRA adapter sync (the adapter is swapped between requests).
+    sync_during_generation: bool = True
 
 
 class RolloutConfig(_RoleSection):

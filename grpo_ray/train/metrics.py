@@ -69,6 +69,7 @@ def step_metrics(
     metrics["sync/seconds"] = synced.seconds
     metrics["sync/gbytes_per_s"] = synced.num_bytes / max(synced.seconds, 1e-9) / 1e9
     metrics["sync/megabytes"] = synced.num_bytes / 1e6
+    metrics["sync/during_generation"] = float(synced.during_generation)  # workers it reached mid-batch
     if synced.probe_max_abs_diff is not None:
         metrics["sync/probe_max_abs_diff"] = synced.probe_max_abs_diff
     return metrics

@@ -12,7 +12,7 @@ from grpo_ray.cluster.ray_metrics import StepGauges
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
-from grpo_ray.config import Config, syncs_lora_adapter, time_checkpoint_due
+from grpo_ray.config import Config, syncs_during_generation, syncs_lora_adapter, time_checkpoint_due
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker
 from grpo_ray.train.batch import BatchBuilder
@@ -76,7 +76,8 @@ class Run:
         self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
                                       self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg),
                                       # A batch k updates old is finished after the next version was sent: k + 1.
-                                      keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0)
+                                      keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
+                                      during_generation=syncs_during_generation(self.cfg))
         if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
             self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
