@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from gpu_throughput import build_model  # noqa: E402
 from qwen_vocab import _trl_prompts  # noqa: E402
-from side_by_side import throughput  # noqa: E402
+from side_by_side import run_metrics, throughput  # noqa: E402
 
 TINY = ROOT / "configs" / "tiny.yaml"
 TARGET_CHARS = 100
@@ -108,8 +108,6 @@ def _stacks(root_pid: int, path: Path) -> str | None:
 
 
 def grpo_run(name: str, work: Path, model_dir: Path, args, pipelined: bool) -> dict:
-    from mlflow.tracking import MlflowClient
-
     out = work / name
     command = [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY)]
     for item in grpo_sets(model_dir, out, args, pipelined):
@@ -121,13 +119,7 @@ def grpo_run(name: str, work: Path, model_dir: Path, args, pipelined: bool) -> d
     if result["returncode"] != 0:
         result["log_tail"] = (work / f"{name}.log").read_text(errors="replace")[-3000:]
         return result
-    client = MlflowClient(f"file://{out / 'mlruns'}")
-    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    run = next(r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags)
-    metrics = {}
-    for key in run.data.metrics:
-        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-        metrics[key] = {m.step: (m.value, m.timestamp / 1000) for m in history}
+    metrics = run_metrics(f"file://{out / 'mlruns'}")
     result.update(throughput(metrics, args.warmup, args.prompts * args.samples))
     probe = [v for _, (v, _) in sorted(metrics.get("sync/probe_max_abs_diff", {}).items())]
     result["probe_max_abs_diff"] = probe

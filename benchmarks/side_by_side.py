@@ -79,14 +79,20 @@ def run(command: list[str], log: Path, result: Path, reuse: bool = False, tree: 
 
 def grpo_ray(name: str, work: Path, sets: list[str], reuse: bool = False, tree: Path = ROOT) -> dict:
     """Train the tiny recipe with these overrides; per-step metrics and their timestamps from MLflow."""
-    from mlflow.tracking import MlflowClient
-
     out = work / name
     args = [a for s in [f"output_dir={out}", *sets] for a in ("--set", s)]
     run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args], work / f"{name}.log", out / "model", reuse, tree)
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    return run_metrics(f"sqlite:///{out / 'mlflow.db'}")
+
+
+def run_metrics(tracking_uri: str) -> dict:
+    """{metric: {step: (value, unix seconds)}} of the newest top-level run that logged steps."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    run_ = next(r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags)
+    runs = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags and "timing/step" in r.data.metrics]
+    run_ = max(runs, key=lambda r: r.info.start_time)
     metrics = {}
     for key in run_.data.metrics:
         history = sorted(client.get_metric_history(run_.info.run_id, key), key=lambda m: m.step)
