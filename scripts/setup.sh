@@ -40,8 +40,15 @@ if ! differs=$(lock_differs); then
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   lock_differs >/dev/null || { echo "error: the environment still differs from requirements/cpu.lock: $(lock_differs)"; exit 1; }
 fi
-if ! python -c "import grpo_ray, sys; sys.exit(0 if grpo_ray.__file__.startswith('$PWD/') else 1)" 2>/dev/null; then
+# grpo-ray itself, editable from this checkout. Checked from / so that the checkout's own folder on
+# sys.path cannot pass for an install (that missed the `grpo-ray` command and package metadata).
+installed_here() {
+  local here=$PWD
+  [ -x .venv/bin/grpo-ray ] && (cd / && python -c "import grpo_ray, sys; sys.exit(0 if grpo_ray.__file__.startswith(sys.argv[1] + '/') else 1)" "$here") 2>/dev/null
+}
+if ! installed_here; then
   pip install -q --no-deps --no-build-isolation -e .
+  installed_here || { echo "error: grpo-ray is not importable from this checkout after 'pip install -e .'"; exit 1; }
 fi
 python -c "import torch, ray, deepspeed, vllm, mlflow, math_verify; print('grpo-ray environment ready: torch', torch.__version__, '| ray', ray.__version__, '| vllm', vllm.__version__)"
 # DeepSpeed's CPU Adam (learner.offload_optimizer: cpu) compiles on first use (~45 s on 2 cores):

