@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import typing
 from dataclasses import asdict
 from pathlib import Path
 
@@ -166,3 +167,70 @@ def test_a_state_file_from_before_the_kl_controller_still_reads(tmp_path):
     (folder / "state.json").write_text(json.dumps(old))
     loaded = read_state(folder)
     assert loaded.kl_controller is None and loaded.step == 3
+
+
+# Every config field of format 1's day (74293a5, the last format-1 code), as dotted paths.
+FORMAT_1_FIELDS = set("""
+algorithm.advantage algorithm.clip_high algorithm.clip_low algorithm.dual_clip
+algorithm.dynamic_sampling algorithm.dynamic_sampling_max_tries algorithm.entropy_coef
+algorithm.epochs_per_batch algorithm.kl_coef algorithm.kl_estimator algorithm.kl_placement
+algorithm.loss_aggregation algorithm.normalize_by_std algorithm.overlong algorithm.overlong_buffer
+algorithm.overlong_penalty algorithm.staleness_is_cap algorithm.tis_cap data.answer_field
+data.apply_chat_template data.difficulty_band data.eval_files data.eval_limit data.instruction
+data.max_prompt_tokens data.prompt_field data.train_files data.val_fraction learner.betas
+learner.grad_clip learner.gradient_checkpointing learner.lr learner.micro_batch_size
+learner.node_labels learner.num_cpus learner.num_gpus learner.num_workers learner.resources
+learner.share_prompts learner.torch_threads learner.weight_decay learner.zero_stage model.dtype
+model.lora.alpha model.lora.dropout model.lora.enabled model.lora.rank model.lora.target_modules
+model.path model.tokenizer output_dir placement.colocate placement.strategy
+polaris.correct_threshold polaris.drop_easy_threshold polaris.rescue polaris.substitution
+ray.address ray.dashboard ray.dashboard_host ray.max_actor_restarts ray.metrics_export_port
+ray.node_ip ray.num_cpus ray.placement_timeout_s reference.node_labels reference.num_cpus
+reference.num_gpus reference.refresh_every reference.resources reward.failure_window_steps
+reward.functions[].name reward.functions[].options reward.functions[].weight reward.isolation
+reward.max_failure_rate reward.memory_limit_mb reward.model.batch_size reward.model.max_length
+reward.model.node_labels reward.model.num_cpus reward.model.num_gpus reward.model.path
+reward.model.resources reward.model.tokenizer reward.model.weight reward.node_labels reward.num_cpus
+reward.num_workers reward.processes_per_worker reward.resources reward.timeout_s rollout.backend
+rollout.max_new_tokens rollout.max_staleness rollout.node_labels rollout.num_cpus rollout.num_gpus
+rollout.num_workers rollout.resources rollout.samples_per_prompt rollout.temperature
+rollout.tensor_parallel_size rollout.top_k rollout.top_p rollout.torch_threads
+rollout.vllm.cpu_kv_cache_gb rollout.vllm.enforce_eager rollout.vllm.gpu_memory_utilization
+rollout.vllm.max_model_len seed stages[].eval_temperature
+stages[].max_new_tokens stages[].name stages[].steps stages[].temperature stages[].top_p
+tracking.experiment tracking.run_name tracking.samples_every tracking.samples_per_table
+tracking.tracking_uri train.checkpoint_every train.eval_every train.eval_samples
+train.eval_temperature train.keep_checkpoints train.max_nonfinite_updates train.max_skipped_batches
+train.prompts_per_step train.steps train.stop_at_accuracy weight_sync.bucket_mb
+weight_sync.lora_adapter_only weight_sync.measure_raw_broadcast weight_sync.probe_every
+weight_sync.probe_tolerance weight_sync.timeout_s
+""".split())
+
+
+def _field_paths(model: type, prefix: str = "") -> set[str]:
+    """Dotted paths of every leaf field of a pydantic config class ("stages[].lr" for list items)."""
+    from pydantic import BaseModel
+
+    paths = set()
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        inner = [a for a in (typing.get_args(annotation) or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not inner:
+            paths.add(prefix + name)
+        else:
+            paths |= _field_paths(inner[0], f"{prefix}{name}{'[]' if typing.get_origin(annotation) is tuple else ''}.")
+    return paths
+
+
+def test_every_config_field_added_since_format_1_is_listed_for_the_legacy_hash():
+    # A format-1 checkpoint's hash covered every field of its day: a field added since and not in
+    # ADDED_SINCE_FORMAT_1 changes the recomputed hash, and every such checkpoint refuses to resume
+    # ("written by a different recipe"), as did until listed.
+    from grpo_ray.config.schema import Config
+    from grpo_ray.train.checkpoint import ADDED_SINCE_FORMAT_1
+
+    fields = _field_paths(Config)
+    assert "stages[].lr" in fields and "rollout.vllm.gpu_memory_utilization" in fields  # the walk reaches lists and nesting
+    added = {p for p in fields if any(p == a or p.startswith(a + ".") for a in ADDED_SINCE_FORMAT_1)}
+    assert not sorted(fields - added - FORMAT_1_FIELDS), "config fields added since format 1: list them in ADDED_SINCE_FORMAT_1"
+    assert not sorted(FORMAT_1_FIELDS - fields), "format-1 fields removed: a legacy hash can no longer be recomputed"
