@@ -12,6 +12,7 @@ import torch
 
 from grpo_ray.models.tensor_files import load_tensors, save_tensors
 from grpo_ray.train.checkpoint import (
+    ADDED_SINCE_FORMAT_1,
     HASH_VERSION,
     RecipeHashes,
     recipe_hashes,
@@ -225,9 +226,8 @@ def _field_paths(model: type, prefix: str = "") -> set[str]:
 def test_every_config_field_added_since_format_1_is_listed_for_the_legacy_hash():
     # A format-1 checkpoint's hash covered every field of its day: a field added since and not in
     # ADDED_SINCE_FORMAT_1 changes the recomputed hash, and every such checkpoint refuses to resume
-    # ("written by a different recipe"), as did until listed.
+    # ("written by a different recipe"), as rollout.vllm.sync_during_generation did until listed.
     from grpo_ray.config.schema import Config
-    from grpo_ray.train.checkpoint import ADDED_SINCE_FORMAT_1
 
     fields = _field_paths(Config)
     assert "stages[].lr" in fields and "rollout.vllm.gpu_memory_utilization" in fields  # the walk reaches lists and nesting
