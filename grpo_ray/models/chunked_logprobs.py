@@ -51,7 +51,7 @@ def head_logprobs(
         return logprobs, entropy
     rows, width = target_ids.shape
     # The decoder ran on every position (logits_to_keep only trims the head): keep those the head would have.
-    hidden = _last_hidden_state(model, forward)[:, -(width + 1) : -1]
+    hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
     flat = hidden.reshape(rows * width, hidden.shape[-1])
     logprobs, entropy = chunked_token_stats(
         flat, head.weight, head.bias, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy
@@ -61,6 +61,37 @@ def head_logprobs(
         entropy = entropy.view(rows, width)
         if not (entropy_grad and torch.is_grad_enabled()):
             entropy = entropy.detach()
+    return logprobs, entropy
+
+
+def logprobs_at(
+    model: torch.nn.Module,
+    forward: dict,
+    positions: Tensor,
+    target_ids: Tensor,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool,
+    chunk_tokens: int,
+) -> tuple[Tensor, Tensor | None]:
+    """head_logprobs for a one-row forward (a packed micro-batch): the log-probs [M] (and entropies)
+    of `target_ids` [M], predicted by the outputs at `positions` [M]. The LM head runs on those
+    positions only (Hugging Face's logits_to_keep takes an index tensor), chunked as head_logprobs."""
+    head = plain_lm_head(model) if chunk_tokens > 0 else None
+    if head is None:
+        logits = model(**forward, logits_to_keep=positions).logits[0].float()
+        logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = entropy_from_logits(logits, temperature)
+        return logprobs, entropy
+    hidden = last_hidden_state(model, forward)[0, positions]
+    logprobs, entropy = chunked_token_stats(
+        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy
+    )
+    if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy.detach()
     return logprobs, entropy
 
 
@@ -77,7 +108,7 @@ def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
-def _last_hidden_state(model: torch.nn.Module, forward: dict) -> Tensor:
+def last_hidden_state(model: torch.nn.Module, forward: dict) -> Tensor:
     """The decoder's output for `forward`, taken by a hook while the whole model runs (through the
     DeepSpeed engine and peft as usual) with its LM head on one position only."""
     module = getattr(model, "module", model)
