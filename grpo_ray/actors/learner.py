@@ -21,6 +21,7 @@ import torch
 
 from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, join_learner_world, loss_scale
 from grpo_ray.algo import grpo_loss, mismatch_stats
+from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.algo.schedules import LrSegment, schedule_lr
 from grpo_ray.transport.broadcast import (
@@ -43,7 +44,7 @@ from grpo_ray.models.loading import (
     tensor_of,
     weight_specs,
 )
-from grpo_ray.models.shared_prompts import completion_logprobs
+from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
 
@@ -88,6 +89,8 @@ class LearnerSettings:
     initial_scale_power: int = 16
     loss_scale_window: int = 1000
     logprob_chunk_tokens: int = 0
+    packing: bool = False
+    max_tokens_per_micro_batch: int = 0
 
 
 class LearnerWorker:
@@ -159,18 +162,30 @@ class LearnerWorker:
         stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)
         batch["stale"] = torch.from_numpy(stale)
         self.engine.train()
-        micro_batches = _micro_batches(batch["input_ids"].shape[0], self.settings.micro_batch_size)
+        micro_batches = self._plan(batch["attention_mask"].sum(dim=1).numpy())
         learner_old: dict[int, torch.Tensor] = {}  # the policy's own log-probs before this step
         sums: dict[str, float] = {}
         tokens = 0
+        by_tokens = self.settings.max_tokens_per_micro_batch > 0
         for epoch in range(self.settings.epochs_per_batch):
             for index, rows in enumerate(micro_batches):
-                mb = {name: value.to(self.engine.device)
-                      for name, value in _trim_padding({n: v[rows] for n, v in batch.items()}).items()}
-                for name, value in self._micro_step(mb, shard, learner_old, index, first_pass=epoch == 0).items():
-                    sums[name] = sums.get(name, 0.0) + value
-                tokens += int(mb["attention_mask"].sum())
-        metrics = _averaged(sums, len(micro_batches), len(micro_batches) * self.settings.epochs_per_batch)
+                if by_tokens:  # the plan, not DeepSpeed's fixed count, says where the optimizer steps
+                    self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
+                # An empty micro-batch (this rank ran out of rows before the others) runs its first
+                # row at weight 0: every rank's backward takes part in ZeRO's gradient reduction.
+                mb = {n: v[torch.from_numpy(rows if len(rows) else np.zeros(1, np.int64))] for n, v in batch.items()}
+                if not len(rows):
+                    mb["row_weights"] = torch.zeros_like(mb["row_weights"])
+                mb = {name: value.to(self.engine.device) for name, value in _trim_padding(mb).items()}
+                step_metrics = self._micro_step(mb, shard, learner_old, index, first_pass=epoch == 0)
+                if len(rows):
+                    for name, value in step_metrics.items():
+                        sums[name] = sums.get(name, 0.0) + value
+                    tokens += int(mb["attention_mask"].sum())
+        if by_tokens:
+            self.engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own count
+        used = sum(1 for rows in micro_batches if len(rows))
+        metrics = _averaged(sums, used, used * self.settings.epochs_per_batch)
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
@@ -184,16 +199,29 @@ class LearnerWorker:
             metrics["actor/grad_norm"] = float(grad_norm)
         return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
 
+    def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Row indices of each micro-batch (algo.micro_batches); by token budget, every rank ends up
+        with the same count, the largest any rank's plan needs (ZeRO reduces at every backward)."""
+        s = self.settings
+        plan = plan_micro_batches(lengths, s.micro_batch_size, s.max_tokens_per_micro_batch, s.packing)
+        if s.max_tokens_per_micro_batch > 0 and self.world_size > 1:
+            import torch.distributed as dist
+
+            count = torch.tensor([len(plan)], device=self.engine.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            plan = spread(plan, int(count), lengths)
+        return plan
+
     def _micro_step(self, mb: dict[str, torch.Tensor], shard: LearnerShard, learner_old: dict[int, torch.Tensor],
                     index: int, first_pass: bool) -> dict[str, float]:
         """Forward, loss, backward and DeepSpeed's step on one micro-batch; its metrics."""
         s = self.settings
-        logprobs, entropy = completion_logprobs(
+        logprobs, entropy = micro_batch_logprobs(
             self.engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"], shard.temperature,
-            with_entropy=True, entropy_grad=s.entropy_coef != 0,
+            packing=s.packing,
             # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
             share_prompts=s.share_prompts and not s.gradient_checkpointing,
-            chunk_tokens=s.logprob_chunk_tokens,
+            chunk_tokens=s.logprob_chunk_tokens, with_entropy=True, entropy_grad=s.entropy_coef != 0,
         )
         if first_pass:
             learner_old[index] = logprobs.detach()
@@ -388,10 +416,6 @@ def _averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batch
     """Per-micro-batch means; mismatch/* come from the first pass only."""
     return {name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
             for name, total in sums.items()}
-
-
-def _micro_batches(num_rows: int, size: int) -> list[slice]:
-    return [slice(start, start + size) for start in range(0, num_rows, size)]
 
 
 def _trim_padding(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

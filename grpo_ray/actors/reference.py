@@ -14,18 +14,23 @@ import numpy as np
 import torch
 
 from grpo_ray.algo.kl import sequence_kl
+from grpo_ray.algo.micro_batches import plan_micro_batches
 from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, tensor_of
-from grpo_ray.models.shared_prompts import completion_logprobs
+from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.types import RolloutSlice
 
 
 class ReferenceWorker:
-    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1, chunk_tokens: int = 0):
-        """chunk_tokens: LM-head positions per chunk (learner.logprob_chunk_tokens); 0: full logits."""
+    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1, chunk_tokens: int = 0,
+                 packing: bool = False, max_tokens_per_micro_batch: int = 0):
+        """chunk_tokens: LM-head positions per chunk (learner.logprob_chunk_tokens); 0: full logits.
+        packing, max_tokens_per_micro_batch: the learner's (algo.micro_batches, models.packing)."""
         torch.set_num_threads(torch_threads)
         self.chunk_tokens = chunk_tokens
         self.model = load_causal_lm(model_path, dtype).to(compute_device()).eval()
         self.micro_batch_size = micro_batch_size
+        self.packing = packing
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
 
     def ready(self) -> str:
         return "reference"
@@ -33,19 +38,20 @@ class ReferenceWorker:
     @torch.no_grad()
     def logprobs(self, batch: RolloutSlice, temperature: float) -> np.ndarray:
         """[N, T] float32 reference log-probs, zero outside completion tokens."""
-        parts = []
-        for start in range(0, batch.num_rows, self.micro_batch_size):
-            rows = slice(start, start + self.micro_batch_size)
-            logprobs, _ = completion_logprobs(
+        out = np.zeros(batch.input_ids.shape, dtype=np.float32)
+        plan = plan_micro_batches(
+            batch.attention_mask.sum(axis=1), self.micro_batch_size, self.max_tokens_per_micro_batch, self.packing)
+        for rows in plan:
+            logprobs, _ = micro_batch_logprobs(
                 self.model,
                 tensor_of(batch.input_ids[rows]),
                 tensor_of(batch.attention_mask[rows]),
                 tensor_of(batch.completion_mask[rows]),
                 temperature,
-                chunk_tokens=self.chunk_tokens,
+                packing=self.packing, share_prompts=True, chunk_tokens=self.chunk_tokens,
             )
-            parts.append(logprobs.float().cpu().numpy())
-        return (np.concatenate(parts) * batch.completion_mask).astype(np.float32)
+            out[rows] = logprobs.float().cpu().numpy()
+        return (out * batch.completion_mask).astype(np.float32)
 
     @torch.no_grad()
     def sequence_kl(self, batch: RolloutSlice, temperature: float, estimator: str) -> np.ndarray:

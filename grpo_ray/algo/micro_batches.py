@@ -59,3 +59,11 @@ def spread(groups: list[np.ndarray], count: int, lengths: np.ndarray) -> list[np
         half = (len(group) + 1) // 2
         groups[widest:widest] = [group[:half], group[half:]]
     return groups
+
+
+def plan_micro_batches(lengths: np.ndarray, micro_batch_size: int, max_tokens: int, packed: bool) -> list[np.ndarray]:
+    """The learner's and the reference's plan: by token budget when `max_tokens` > 0
+    (learner.max_tokens_per_micro_batch), else `micro_batch_size` rows at a time."""
+    if max_tokens > 0:
+        return token_budget_micro_batches(lengths, max_tokens, packed)
+    return row_count_micro_batches(len(lengths), micro_batch_size)

@@ -319,3 +319,12 @@ class LearnerConfig(_RoleSection):
     # built whole; backward recomputes each chunk. Same numbers to float rounding. Qwen's 152K
     # vocabulary: 512 positions are ~0.3 GB of float32 per tensor alive. 0: the full logits.
     logprob_chunk_tokens: int = Field(512, ge=0)
+    # Pack each micro-batch's sequences end to end (position ids restart per sequence, attention
+    # stays within each), so no compute goes to padding: same log-probs, entropies and gradients to
+    # float rounding (models/packing.py). The learner and the reference; takes share_prompts' place.
+    packing: bool = False
+    # Micro-batches by tokens instead of rows: a rank's rows, longest first, fill micro-batches of at
+    # most this many tokens (rows x longest row when padded, the sum of lengths when packed); a longer
+    # row goes alone. The loss stays normalised over the whole step, so the update equals row-count
+    # batching to float rounding. 0: micro_batch_size rows per micro-batch.
+    max_tokens_per_micro_batch: int = Field(0, ge=0)

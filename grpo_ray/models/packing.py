@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from grpo_ray.models.chunked_logprobs import logprobs_at
+from grpo_ray.models.shared_prompts import completion_logprobs
 
 # Attention implementations whose packed-sequence handling the tests check.
 PACKABLE_ATTENTION = frozenset({"sdpa", "eager", "flash_attention_2", "flash_attention_3"})
@@ -78,3 +79,26 @@ def check_packable(model: torch.nn.Module) -> None:
             f"learner.packing: the model's attention implementation {implementation!r} is not one packing "
             f"keeps within each sequence ({', '.join(sorted(PACKABLE_ATTENTION))}); set learner.packing: false"
         )
+
+
+def micro_batch_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    temperature: float,
+    *,
+    packing: bool,
+    share_prompts: bool,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The learner's and the reference's one choice of forward for a micro-batch: packed
+    (learner.packing), else padded with each distinct prompt run once (learner.share_prompts)."""
+    if packing:
+        return packed_completion_logprobs(
+            model, input_ids, attention_mask, completion_mask, temperature, with_entropy, entropy_grad, chunk_tokens)
+    return completion_logprobs(
+        model, input_ids, attention_mask, completion_mask, temperature, with_entropy=with_entropy,
+        entropy_grad=entropy_grad, share_prompts=share_prompts, chunk_tokens=chunk_tokens)

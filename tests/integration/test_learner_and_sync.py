@@ -160,6 +160,40 @@ def test_chunked_logprobs_give_the_same_update(local_ray, step_batch):
     assert abs(chunked_metrics["actor/entropy"] - full_metrics["actor/entropy"]) <= 1e-5 * full_metrics["actor/entropy"]
 
 
+def test_packing_and_token_budget_micro_batches_give_the_same_update(local_ray, step_batch):
+    batch, _, advantages, _ = step_batch
+    # Rows are ~20 tokens: 60 padded tokens hold ~3 rows a micro-batch, 100 packed ~5 (8 and 4 micro-
+    # batches against row-count's 4 of 8), grouped by length instead of batch order.
+    before, rows = _one_update(local_ray, batch, advantages, share_prompts=False)
+    assert max(float(np.abs(rows[n] - before[n]).max()) for n in before) > 5e-4
+    for learner in ({"max_tokens_per_micro_batch": 60}, {"packing": True}, {"packing": True, "max_tokens_per_micro_batch": 100}):
+        _, other = _one_update(local_ray, batch, advantages, **learner)
+        # As for shared prompts: a wrong gradient flips Adam's ~lr steps; rounding moves near-zero ones.
+        worst = max(float(np.abs(other[n] - rows[n]).max()) for n in before)
+        assert worst < 1e-4, f"{learner} changed the update by {worst:.2e}"
+
+
+def test_two_ranks_with_unequal_token_budget_plans_equal_one_rank(local_ray, step_batch):
+    """Rank 1 gets 3 rows to rank 0's 29: it runs out of rows and pads with empty micro-batches, so
+    both ranks reduce gradients the same number of times, and the step equals one rank's."""
+    ray = local_ray
+    batch, _, advantages, _ = step_batch
+    learner = {"packing": True, "max_tokens_per_micro_batch": 80, "zero_stage": 2}
+    results = {}
+    for world, parts in ((1, [np.arange(batch.num_rows)]), (2, [np.arange(29), np.arange(29, batch.num_rows)])):
+        placement, learners = start_learner_group(ray, make_cfg(learner={**learner, "num_workers": world}))
+        before = ray.get(learners[0].parameters_snapshot.remote())
+        ray.get([learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+                 for learner, rows in zip(learners, parts)])
+        results[world] = ray.get(learners[0].parameters_snapshot.remote())
+        for actor in learners:
+            ray.kill(actor)
+        placement.remove()
+    assert max(float(np.abs(results[1][n] - before[n]).max()) for n in before) > 1e-4
+    worst = max(float(np.abs(results[1][n] - results[2][n]).max()) for n in results[1])
+    assert worst < 1e-5, f"2 ranks with unequal plans differ from 1 rank by {worst:.2e}"
+
+
 # The vllm engine's side of this is test_vllm_engine.py (every shard of a TP-2 engine, every sync).
 @pytest.mark.parametrize("backend", ["hf"])
 def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backend):

@@ -3,7 +3,12 @@
 import numpy as np
 import pytest
 
-from grpo_ray.algo.micro_batches import row_count_micro_batches, spread, token_budget_micro_batches
+from grpo_ray.algo.micro_batches import (
+    plan_micro_batches,
+    row_count_micro_batches,
+    spread,
+    token_budget_micro_batches,
+)
 
 LENGTHS = np.array([5, 40, 6, 7, 38, 5])  # two long rows among four short
 
@@ -50,3 +55,8 @@ def test_spread_splits_the_costliest_then_pads_with_empty():
     assert _as_lists(spread(groups, 7, LENGTHS)) == [[1], [4], [3], [2], [0], [5], []]
     with pytest.raises(ValueError, match="cannot fit 2 micro-batches into 1"):
         spread(groups, 1, LENGTHS)
+
+
+def test_the_plan_is_by_tokens_only_when_a_budget_is_set():
+    assert _as_lists(plan_micro_batches(LENGTHS, 4, 0, packed=True)) == [[0, 1, 2, 3], [4, 5]]
+    assert _as_lists(plan_micro_batches(LENGTHS, 4, 80, packed=True)) == [[1, 4], [3, 2, 0, 5]]
