@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, join_learner_world, loss_scale
+from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch
 from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
@@ -46,7 +47,7 @@ from grpo_ray.models.loading import (
 )
 from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
-from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec, pad_and_stack
+from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class LearnerWorker:
         k = len(shard.advantages)
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
-        batch = _concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
+        batch = concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
         stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)
         batch["stale"] = torch.from_numpy(stale)
         self.engine.train()
@@ -171,12 +172,7 @@ class LearnerWorker:
             for index, rows in enumerate(micro_batches):
                 if by_tokens:  # the plan, not DeepSpeed's fixed count, says where the optimizer steps
                     self.engine.set_gradient_accumulation_boundary(index == len(micro_batches) - 1)
-                # An empty micro-batch (this rank ran out of rows before the others) runs its first
-                # row at weight 0: every rank's backward takes part in ZeRO's gradient reduction.
-                mb = {n: v[torch.from_numpy(rows if len(rows) else np.zeros(1, np.int64))] for n, v in batch.items()}
-                if not len(rows):
-                    mb["row_weights"] = torch.zeros_like(mb["row_weights"])
-                mb = {name: value.to(self.engine.device) for name, value in _trim_padding(mb).items()}
+                mb = micro_batch(batch, rows, self.engine.device)
                 step_metrics = self._micro_step(mb, shard, learner_old, index, first_pass=epoch == 0)
                 if len(rows):
                     for name, value in step_metrics.items():
@@ -185,7 +181,7 @@ class LearnerWorker:
         if by_tokens:
             self.engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own count
         used = sum(1 for rows in micro_batches if len(rows))
-        metrics = _averaged(sums, used, used * self.settings.epochs_per_batch)
+        metrics = averaged(sums, used, used * self.settings.epochs_per_batch)
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
@@ -388,37 +384,3 @@ def _safe_checkpoint_engine():
             return load_tensors(path, map_location)
 
     return SafeCheckpointEngine()
-
-
-def _concat_rows(
-    slices: list[RolloutSlice],
-    advantages: list[np.ndarray],
-    row_weights: list[np.ndarray],
-    refs: list[np.ndarray] | None,
-    pad_id: int,
-) -> dict[str, torch.Tensor]:
-    """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
-    slice's width, so all come out equally wide)."""
-    batch = {
-        "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
-        "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
-        "completion_mask": torch.from_numpy(pad_and_stack([s.completion_mask for s in slices], 0.0)),
-        "rollout_logprobs": torch.from_numpy(pad_and_stack([s.rollout_logprobs for s in slices], 0.0)),
-        "advantages": torch.from_numpy(np.concatenate(advantages).astype(np.float32)),
-        "row_weights": torch.from_numpy(np.concatenate(row_weights).astype(np.float32)),
-    }
-    if refs is not None:
-        batch["ref_logprobs"] = torch.from_numpy(pad_and_stack(refs, 0.0))
-    return batch
-
-
-def _averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batches: int) -> dict[str, float]:
-    """Per-micro-batch means; mismatch/* come from the first pass only."""
-    return {name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
-            for name, total in sums.items()}
-
-
-def _trim_padding(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Drop columns that are padding in every row of the micro-batch (less compute, same result)."""
-    width = int(mb["attention_mask"].sum(dim=1).max())
-    return {name: value if value.dim() == 1 else value[:, :width] for name, value in mb.items()}

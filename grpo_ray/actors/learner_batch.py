@@ -1,0 +1,55 @@
+"""A learner rank's rows as tensors, cut into the micro-batches its plan names.
+
+Plain torch: the learner actor (actors/learner.py) feeds these to its DeepSpeed engine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from grpo_ray.types import RolloutSlice, pad_and_stack
+
+
+def concat_rows(
+    slices: list[RolloutSlice],
+    advantages: list[np.ndarray],
+    row_weights: list[np.ndarray],
+    refs: list[np.ndarray] | None,
+    pad_id: int,
+) -> dict[str, torch.Tensor]:
+    """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
+    slice's width, so all come out equally wide)."""
+    batch = {
+        "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
+        "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
+        "completion_mask": torch.from_numpy(pad_and_stack([s.completion_mask for s in slices], 0.0)),
+        "rollout_logprobs": torch.from_numpy(pad_and_stack([s.rollout_logprobs for s in slices], 0.0)),
+        "advantages": torch.from_numpy(np.concatenate(advantages).astype(np.float32)),
+        "row_weights": torch.from_numpy(np.concatenate(row_weights).astype(np.float32)),
+    }
+    if refs is not None:
+        batch["ref_logprobs"] = torch.from_numpy(pad_and_stack(refs, 0.0))
+    return batch
+
+
+def averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batches: int) -> dict[str, float]:
+    """Per-micro-batch means; mismatch/* come from the first pass only."""
+    return {name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
+            for name, total in sums.items()}
+
+
+def trim_padding(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop columns that are padding in every row of the micro-batch (less compute, same result)."""
+    width = int(mb["attention_mask"].sum(dim=1).max())
+    return {name: value if value.dim() == 1 else value[:, :width] for name, value in mb.items()}
+
+
+def micro_batch(batch: dict[str, torch.Tensor], rows: np.ndarray, device) -> dict[str, torch.Tensor]:
+    """The micro-batch of `rows`, padding columns trimmed, on `device`. No rows (this rank ran out
+    before the others): its first row at weight 0, so that its backward still takes part in ZeRO's
+    gradient reduction and adds nothing."""
+    picked = {n: v[torch.from_numpy(rows if len(rows) else np.zeros(1, np.int64))] for n, v in batch.items()}
+    if not len(rows):
+        picked["row_weights"] = torch.zeros_like(picked["row_weights"])
+    return {name: value.to(device) for name, value in trim_padding(picked).items()}
