@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import (
     BroadcastGroup,
@@ -64,25 +65,12 @@ class RolloutWorker:
         self.name = f"rollout-{settings.index}"
         self.tokenizer = load_tokenizer(settings.tokenizer_path)
         model_path = resolve_model_path(settings.model_path)
-        if settings.backend == "vllm":
-            from grpo_ray.actors.vllm_engine import VllmEngine
-
-            self.engine = VllmEngine(
-                model_path,
-                self.tokenizer,
-                dtype=settings.dtype,
-                seed=settings.seed,
-                max_model_len=settings.max_model_len,
-                enforce_eager=settings.vllm_enforce_eager,
-                gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-                cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
-                tensor_parallel_size=settings.tensor_parallel_size,
-                lora=settings.lora,
-            )
-        else:
-            from grpo_ray.actors.hf_engine import HFEngine
-
-            self.engine = HFEngine(model_path, self.tokenizer, dtype=settings.dtype, lora=settings.lora)
+        self.engine = build_engine(EngineSpec(
+            settings.backend, model_path, settings.dtype, seed=settings.seed, lora=settings.lora,
+            max_model_len=settings.max_model_len, enforce_eager=settings.vllm_enforce_eager,
+            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+            cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb, tensor_parallel_size=settings.tensor_parallel_size,
+        ), self.tokenizer)
         self.policy_version = 0
         self._group: BroadcastGroup | None = None
         self._specs: list[WeightSpec] = []

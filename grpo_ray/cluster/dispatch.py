@@ -16,7 +16,6 @@ from grpo_ray.cluster.placement import ClusterError
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import pool_bounds, worker_share
 from grpo_ray.cluster.tasks import task_cancelled
-from grpo_ray.config import Config
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
 
@@ -80,10 +79,11 @@ def chunk_stream(worker, prompts: list[Prompt], group_offset: int, sampling: Sam
         prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
 
 
-def score_slices(workers: Workers, cfg: Config, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
-    """Every slice's rows split evenly across the reward workers, plus the reward model's score."""
+def score_slices(workers: Workers, model_weight: float, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
+    """Every slice's rows split evenly across the reward workers, plus the reward model's score
+    at `model_weight` (reward.model.weight)."""
     tasks = [score_tasks(workers, ref, n) for ref, n in zip(slice_refs, rows)]  # all in flight, then collected
-    return [collect_scores(cfg, slice_tasks) for slice_tasks in tasks]
+    return [collect_scores(slice_tasks, model_weight) for slice_tasks in tasks]
 
 
 def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, object], object | None]:
@@ -123,12 +123,13 @@ def call_lost(ref) -> bool:
         return False
 
 
-def collect_scores(cfg: Config, tasks: tuple[dict[int, object], object | None]) -> ScoredSlice:
-    """The slice's scores, its parts concatenated; CallFailed when a call failed (a worker died)."""
+def collect_scores(tasks: tuple[dict[int, object], object | None], model_weight: float) -> ScoredSlice:
+    """The slice's scores, its parts concatenated, the reward model's (if called) added at
+    `model_weight` (reward.model.weight); CallFailed when a call failed (a worker died)."""
     parts, model = tasks
     try:
         scored = ScoredSlice.concat(ray.get(list(parts.values())))
-        return scored if model is None else scored.with_function("reward_model", ray.get(model), cfg.reward.model.weight)
+        return scored if model is None else scored.with_function("reward_model", ray.get(model), model_weight)
     except ray.exceptions.RayError as err:
         raise CallFailed(err) from err
 

@@ -28,7 +28,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         clip_low=a.clip_low,
         clip_high=a.clip_high,
         # With the KL placed in the reward, the loss has no KL term.
-        kl_coef=a.kl_coef if a.kl_placement == "loss" else 0.0,
+        kl_coef=a.kl_coef if a.kl_in_loss else 0.0,
         kl_estimator=a.kl_estimator,
         entropy_coef=a.entropy_coef,
         loss_aggregation=a.loss_aggregation,

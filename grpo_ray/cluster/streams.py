@@ -80,7 +80,7 @@ class StreamedRollout:
             refs = _task_refs(chunk.tasks)
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
             if len(ready) == len(refs):
-                chunk.scored = collect_scores(self.cfg, chunk.tasks)
+                chunk.scored = collect_scores(chunk.tasks, self.cfg.reward.model.weight)
         now = time.monotonic()
         if sum(len(chunks) for chunks in self.chunks.values()) + len(self.streams) != arrived or any(c.scored for c in scoring):
             self.progressed = now

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_ray.actors.hf_engine import HFEngine
+from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.config import ConfigError
 from grpo_ray.data.loaders import check_data_path, load_rows, resolve_data_path
 from grpo_ray.data.prompts import tokenize_prompts
@@ -198,9 +198,13 @@ def load_engine(settings: EvalSettings, tokenizer, max_model_len: int):
         from transformers import AutoConfig
 
         overrides = yarn_rope_override(_guarded(AutoConfig.from_pretrained, settings.model)(model_path), settings.yarn_factor)
-    if settings.backend == "vllm":
-        return _guarded(_vllm_engine, settings.model)(model_path, tokenizer, settings, max_model_len, overrides)
-    return _guarded(HFEngine, settings.model)(model_path, tokenizer, settings.dtype, overrides or None)
+    import torch
+
+    # Evaluation has the GPU to itself, and vLLM's CUDA graphs pay off over a whole benchmark.
+    on_gpu = torch.cuda.is_available()
+    spec = EngineSpec(settings.backend, model_path, settings.dtype, seed=settings.seed, config_overrides=overrides or None,
+                      max_model_len=max_model_len, enforce_eager=not on_gpu, gpu_memory_utilization=0.85)
+    return _guarded(build_engine, settings.model)(spec, tokenizer)
 
 
 def _guarded(load: Callable, name: str) -> Callable:
@@ -216,19 +220,6 @@ def _guarded(load: Callable, name: str) -> Callable:
             raise ModelLoadError(f"model {name}: cannot load ({lines[0].strip() if lines else type(err).__name__})") from None
 
     return call
-
-
-def _vllm_engine(model_path: str, tokenizer, settings: EvalSettings, max_model_len: int, overrides: dict[str, Any]):
-    import torch
-
-    from grpo_ray.actors.vllm_engine import VllmEngine
-
-    # Evaluation has the GPU to itself, and CUDA graphs pay off over a whole benchmark.
-    on_gpu = torch.cuda.is_available()
-    return VllmEngine(
-        model_path, tokenizer, dtype=settings.dtype, seed=settings.seed, max_model_len=max_model_len,
-        enforce_eager=not on_gpu, gpu_memory_utilization=0.85, config_overrides=overrides or None,
-    )
 
 
 def loaded_rope(engine) -> dict[str, Any] | None:

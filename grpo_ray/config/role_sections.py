@@ -246,6 +246,12 @@ class AlgorithmConfig(_Section):
     # on the groups it has (the rest of the batch is out of the loss) and logs how many.
     dynamic_sampling_max_tries: int = Field(4, ge=1)
 
+    @property
+    def kl_in_loss(self) -> bool:
+        """The KL placement, decided here only: a term of the policy loss (True), or a penalty taken
+        off each completion's reward before advantages (False)."""
+        return self.kl_placement == "loss"
+
 
 class ReferenceConfig(_RoleSection):
     # A reference model other than the policy (hub id or folder, e.g. a 7B reference for a 3B

@@ -28,6 +28,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import numpy as np
 
@@ -45,8 +46,8 @@ from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.train.errors import RewardFailureError, RunStoppedError
-from grpo_ray.train.rows import KeptResponse, StepRows, read_responses, shape_rewards
-from grpo_ray.train.streamed import drive, streamed_rows
+from grpo_ray.train.rows import KeptResponse, Overlong, StepRows, failure_counts, read_responses, shape_rewards
+from grpo_ray.train.streamed import drive, preview_rewards, streamed_rows
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
 
@@ -88,6 +89,8 @@ class BatchBuilder:
         self.ledger = PromptLedger()
         self.rescue = RescueBuffer()
         self.shaper = RewardShaper(cfg.reward.clip, cfg.reward.normalize)  # reward.clip / reward.normalize
+        a = cfg.algorithm
+        self.overlong = Overlong(a.overlong, a.overlong_buffer, a.overlong_penalty)
         self.rng = np.random.default_rng([cfg.seed, 11])  # substitution's draws
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
         self.pending: deque[Generation] = deque()  # started ahead of their step (rollout.max_staleness)
@@ -190,28 +193,32 @@ class BatchBuilder:
         rows_per_slice = generation.rows_per_slice
         with timer("reward"):
             new_refs, scored = self._score_all(generation)
-            self.failures.record(*failure_counts(scored))
-            if (stop := self.failures.check()) is not None:
-                raise RewardFailureError(stop)
+            rewards, weights = shape_rewards(scored, generation.sampling.max_new_tokens, self.overlong)
+            rows = self._accepted(StepRows.from_scored(scored, rewards, weights, first_source), scored)
         refs.extend(new_refs)
         slice_rows.extend([rows_per_slice] * len(new_refs))
-        rewards, weights = shape_rewards(self.cfg, scored, generation.sampling.max_new_tokens)
-        if self.shaper.active:  # clip, then running normalisation, before anything reads the rewards
-            rewards = self.shaper(rewards, weights)
-        return StepRows.from_scored(scored, rewards, weights, first_source)
+        return rows
 
     def _finish_streamed(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None) -> StepRows:
-        cut = drive(self.cfg, generation.streamed, self.recovery, need, generation.policy_version, self.policy_version(), timer)
+        max_new_tokens = generation.sampling.max_new_tokens
+        preview = partial(preview_rewards, max_new_tokens=max_new_tokens, overlong=self.overlong, clip=self.cfg.reward.clip)
+        cut = drive(generation.streamed, self.recovery, need, generation.policy_version, self.policy_version(), timer, preview)
         # Groups dynamic sampling did not need: their requests were aborted, or finished unread.
         self.unused_groups += 0 if cut is None else len(generation.prompts) - cut
         with timer("reward"):
-            new_refs, sizes, rows, failures = streamed_rows(self.cfg, generation.streamed, cut,
-                                                            generation.sampling.max_new_tokens, len(refs))
-            self.failures.record(*failures)
-            if (stop := self.failures.check()) is not None:
-                raise RewardFailureError(stop)
+            new_refs, sizes, rows, scored = streamed_rows(generation.streamed, cut, max_new_tokens, len(refs), self.overlong)
+            rows = self._accepted(rows, scored)
         refs.extend(new_refs)
         slice_rows.extend(sizes)
+        return rows
+
+    def _accepted(self, rows: StepRows, scored: list[ScoredSlice]) -> StepRows:
+        """A generation's rows, on either path: their reward failures counted (the run stops once a
+        function fails too often), then clipped and normalised (reward.clip / reward.normalize)
+        before anything reads the rewards."""
+        self.failures.record(*failure_counts(rows, scored))
+        if (stop := self.failures.check()) is not None:
+            raise RewardFailureError(stop)
         if self.shaper.active:
             rows = rows.with_rewards(self.shaper([rows.rewards], [rows.row_weights])[0])
         return rows
@@ -228,7 +235,7 @@ class BatchBuilder:
             try:
                 for i, slice_tasks in enumerate(tasks):
                     if i not in scored:
-                        scored[i] = collect_scores(self.cfg, slice_tasks)
+                        scored[i] = collect_scores(slice_tasks, self.cfg.reward.model.weight)
                 return refs, [scored[i] for i in range(len(refs))]
             except CallFailed as failed:
                 if self.recovery is None:
@@ -350,14 +357,3 @@ class BatchBuilder:
         self.rescue.load_state_dict(state["rescue"])
         self.failures.load_state_dict(state["failures"])
         self.shaper.load_state_dict(state.get("reward_shaper"))  # absent in checkpoints from before it
-
-
-def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
-    failures: dict[str, int] = {}
-    first_errors: dict[str, str] = {}
-    for part in scored:
-        for name, count in part.failures.items():
-            failures[name] = failures.get(name, 0) + count
-        for name, error in part.first_errors.items():
-            first_errors.setdefault(name, error)
-    return failures, int(sum(len(s.rewards) for s in scored)), first_errors

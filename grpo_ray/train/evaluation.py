@@ -44,7 +44,7 @@ def _scored_samples(run: Run, sampling: SamplingSettings) -> list[ScoredSlice]:
     while True:
         refs, rows = evaluation_refs(run.workers.rollouts, run.inputs.eval_prompts, sampling, run.sync.version)
         try:
-            return score_slices(run.workers, run.cfg, refs, rows)
+            return score_slices(run.workers, run.cfg.reward.model.weight, refs, rows)
         except CallFailed as failed:
             run.recovery.recover(failed.cause)  # re-raises what is not a worker's death; restarts are bounded
 

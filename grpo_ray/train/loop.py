@@ -247,13 +247,14 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     train, ref_refs, extra = batch.train, None, {}
     kl_coef = run.kl.coef  # algorithm.kl_controller: this step's coefficient
     with timer("reference"):
-        if workers.reference is not None and cfg.algorithm.kl_placement == "reward":
-            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(cfg, workers, payloads, train, stage.temperature, kl_coef)
+        if workers.reference is not None and not cfg.algorithm.kl_in_loss:
+            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(
+                workers, payloads, train, stage.temperature, cfg.algorithm.kl_estimator, kl_coef)
         elif workers.reference is not None:
             ref_refs = [[workers.reference.logprobs.remote(ref, stage.temperature) for ref in refs] for refs in payloads]
             ray.wait([r for refs in ref_refs for r in refs], num_returns=sum(map(len, ref_refs)), fetch_local=False)
     with timer("advantages"):
-        advantages = group_advantages(cfg, train)
+        advantages = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,
         # and generate while this one trains.
@@ -261,7 +262,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         room = 0 if run.checkpoint_time_due() else prefetch_room(cfg, stage, step, len(run.builder.pending))
         stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
                            float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room),
-                           kl_coef=kl_coef if cfg.algorithm.kl_placement == "loss" else None)
+                           kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None)
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0

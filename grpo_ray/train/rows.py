@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from grpo_ray.algo.overlong import shape_overlong_rewards
-from grpo_ray.config import Config
 from grpo_ray.types import RolloutSlice, ScoredSlice
 
 
@@ -268,12 +267,33 @@ def assemble_slices(plan: SliceAssembly, pad_id: int, *slices: RolloutSlice) -> 
     return assemble_slice(plan, list(slices), pad_id)
 
 
-def shape_rewards(cfg: Config, scored: list[ScoredSlice], max_new_tokens: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+@dataclass(frozen=True)
+class Overlong:
+    """The overlong treatment: algorithm.overlong, overlong_buffer and overlong_penalty."""
+
+    mode: str
+    buffer: int
+    penalty: float
+
+
+def shape_rewards(scored: list[ScoredSlice], max_new_tokens: int, overlong: Overlong) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
-    a = cfg.algorithm
     shaped = [
-        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, a.overlong,
-                               max_new_tokens, a.overlong_buffer, a.overlong_penalty)
+        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, overlong.mode,
+                               max_new_tokens, overlong.buffer, overlong.penalty)
         for s in scored
     ]
     return [r for r, _ in shaped], [w for _, w in shaped]
+
+
+def failure_counts(rows: StepRows, scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
+    """(failed rows per reward function, rows, each failing function's first error) over the rows a
+    generation gives the step: the one count of both the whole-share and the streamed path, so the
+    failure monitor sees the same rate for the same batch. A failed score is NaN (ScoredSlice)."""
+    failures = {name: int(np.isnan(values).sum()) for name, values in rows.per_function.items()}
+    first_errors: dict[str, str] = {}
+    for s in scored:
+        for name, error in s.first_errors.items():
+            if failures.get(name):
+                first_errors.setdefault(name, error)
+    return failures, len(rows), first_errors

@@ -1,9 +1,9 @@
 """From a step's training rows to one optimizer step on every learner rank.
 
-    payloads = learner_payloads(batch, num_ranks, pad_id)      # per rank: RolloutSlice refs
-    train = kl_reward_penalty(...)                             # only with algorithm.kl_placement: reward
-    advantages = group_advantages(cfg, train)
-    stats = run_update(cfg, workers, payloads, train, ...)
+    payloads, sizes = learner_payloads(batch, num_ranks, pad_id)   # per rank: RolloutSlice refs, row counts
+    train, kl = kl_reward_penalty(workers, payloads, train, ...)   # only with algorithm.kl_placement: reward
+    advantages = group_advantages(train, estimator, normalize_by_std)
+    stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, ...)
 
 Rank r trains on the r-th contiguous cut of the rows. When that cut is whole rollout slices, in
 order, the learner fetches them as they are; otherwise (rows were dropped, copied or replaced) a
@@ -22,7 +22,6 @@ from grpo_ray.cluster.dispatch import CallFailed, fetch, gather_fail_fast
 from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.tasks import beside_data
-from grpo_ray.config import Config
 from grpo_ray.train.batch import StepBatch
 from grpo_ray.train.rows import StepRows, assemble_slices
 from grpo_ray.types import LearnerShard, LearnerStats
@@ -42,28 +41,29 @@ def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[lis
     return payloads, sizes
 
 
-def kl_reward_penalty(cfg: Config, workers: Workers, payloads: list[list], train: StepRows, temperature: float,
-                      kl_coef: float | None = None) -> tuple[StepRows, float]:
-    """Rewards minus kl_coef x the completion's KL to the reference (rows out of the loss untouched);
-    also the mean KL of the rows in the loss. kl_coef: this step's (KL controller); None: the recipe's."""
-    calls = [workers.reference.sequence_kl.remote(ref, temperature, cfg.algorithm.kl_estimator) for refs in payloads for ref in refs]
+def kl_reward_penalty(workers: Workers, payloads: list[list], train: StepRows, temperature: float, estimator: str,
+                      kl_coef: float) -> tuple[StepRows, float]:
+    """Rewards minus kl_coef (this step's: algorithm.kl_controller) x the completion's KL to the
+    reference by `estimator` (algorithm.kl_estimator), rows out of the loss untouched; also the mean
+    KL of the rows in the loss."""
+    calls = [workers.reference.sequence_kl.remote(ref, temperature, estimator) for refs in payloads for ref in refs]
     kl = np.concatenate(fetch(calls))
     in_loss = train.row_weights > 0
-    coef = cfg.algorithm.kl_coef if kl_coef is None else kl_coef
-    rewards = np.where(in_loss, train.rewards - coef * kl, train.rewards)
+    rewards = np.where(in_loss, train.rewards - kl_coef * kl, train.rewards)
     return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
 
 
-def group_advantages(cfg: Config, rows: StepRows) -> np.ndarray:
-    """[N] advantages. Failed rows (NaN) and rows out of the loss get 0 and stay out of group stats."""
+def group_advantages(rows: StepRows, estimator: str, normalize_by_std: bool) -> np.ndarray:
+    """[N] advantages by `estimator` (algorithm.advantage, algorithm.normalize_by_std). Failed rows
+    (NaN) and rows out of the loss get 0 and stay out of group stats."""
     valid = np.isfinite(rows.rewards) & (rows.row_weights > 0)
     advantages = np.zeros(len(rows), dtype=np.float32)
     if valid.any():
         advantages[valid] = compute_advantages(
-            cfg.algorithm.advantage,
+            estimator,
             torch.from_numpy(rows.rewards[valid]).float(),
             torch.from_numpy(rows.group_ids[valid]),
-            normalize_by_std=cfg.algorithm.normalize_by_std,
+            normalize_by_std=normalize_by_std,
         ).numpy()
     return advantages
 

@@ -50,7 +50,8 @@ def step_batch():
     sampling = SamplingSettings(samples_per_prompt=SAMPLES, max_new_tokens=5, temperature=1.0, seed=1)
     batch = worker.generate(prompts, 0, sampling, 1)
     scored = RewardWorker([RewardFunctionSetting("exact_match", 1.0, {})]).score(batch)
-    advantages = group_advantages(cfg, StepRows.from_scored([scored], [scored.rewards], [np.ones(scored.rewards.shape)]))
+    rows = StepRows.from_scored([scored], [scored.rewards], [np.ones(scored.rewards.shape)])
+    advantages = group_advantages(rows, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
     assert np.abs(advantages).sum() > 0, "the batch must carry a learning signal"
     return batch, scored, advantages, make_probe(prompts[0], tokenizer)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_ray.actors.rollout import pack_slice
-from grpo_ray.train.rows import KeptResponse, SliceAssembly, StepRows, assemble_slice, read_response
+from grpo_ray.train.rows import KeptResponse, SliceAssembly, StepRows, assemble_slice, failure_counts, read_response
 from grpo_ray.types import Completion, Prompt, ScoredSlice
 
 PAD = 99
@@ -48,6 +48,23 @@ def _rows(first_source=0) -> StepRows:
     rewards = [s.rewards - 0.125 for s in scored]
     weights = [np.ones(2), np.array([1.0, 0.0, 1.0])]
     return StepRows.from_scored(scored, rewards, weights, first_source=first_source)
+
+
+def test_the_same_batch_gives_the_same_failure_rate_on_either_path():
+    # Whole-share: the slices' rows as they come. Streamed: the same rows, chunk by chunk in
+    # finishing order (group 1 first), put back in group order. One count, over the rows given.
+    a, b = _two_slices()
+    b = replace(b, first_errors={"correct": "ValueError: no answer"})
+    whole = StepRows.from_scored([a, b], [a.rewards, b.rewards], [np.ones(2), np.ones(3)])
+    streamed = StepRows.from_scored([b, a], [b.rewards, a.rewards], [np.ones(3), np.ones(2)])
+    streamed = streamed.select(np.argsort(streamed.group_ids, kind="stable"))
+    expected = ({"correct": 1}, 5, {"correct": "ValueError: no answer"})
+    assert failure_counts(whole, [a, b]) == expected
+    assert failure_counts(streamed, [b, a]) == expected
+    # Rows a streamed rollout's early stop did not keep are not counted; nor is the error of a
+    # function that failed on none of the rows counted.
+    kept = streamed.select(np.flatnonzero(streamed.group_ids < 1))
+    assert failure_counts(kept, [b, a]) == ({"correct": 0}, 2, {})
 
 
 def _response(tokens, reward=0.75, finish_reason="stop", per_function=None) -> KeptResponse:
