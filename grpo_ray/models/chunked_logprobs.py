@@ -42,13 +42,7 @@ def head_logprobs(
     into log-probs. `chunk_tokens` 0, or a model `plain_lm_head` refuses: the full logits."""
     head = plain_lm_head(model) if chunk_tokens > 0 else None
     if head is None:
-        logits = model(**forward).logits[:, :-1].float()
-        logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = entropy_from_logits(logits, temperature)
-        return logprobs, entropy
+        return _logits_stats(model(**forward).logits[:, :-1], target_ids, temperature, with_entropy, entropy_grad)
     rows, width = target_ids.shape
     # The decoder ran on every position (logits_to_keep only trims the head): keep those the head would have.
     hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
@@ -79,19 +73,26 @@ def logprobs_at(
     positions only (Hugging Face's logits_to_keep takes an index tensor), chunked as head_logprobs."""
     head = plain_lm_head(model) if chunk_tokens > 0 else None
     if head is None:
-        logits = model(**forward, logits_to_keep=positions).logits[0].float()
-        logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = entropy_from_logits(logits, temperature)
-        return logprobs, entropy
+        logits = model(**forward, logits_to_keep=positions).logits[0]
+        return _logits_stats(logits, target_ids, temperature, with_entropy, entropy_grad)
     hidden = last_hidden_state(model, forward)[0, positions]
     logprobs, entropy = chunked_token_stats(
         hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy
     )
     if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
         entropy = entropy.detach()
+    return logprobs, entropy
+
+
+def _logits_stats(logits: Tensor, target_ids: Tensor, temperature: float, with_entropy: bool,
+                  entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """The full-logits path: log-probs of `target_ids` (and entropies) from logits made float32."""
+    logits = logits.float()
+    logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits, temperature)
     return logprobs, entropy
 
 

@@ -128,19 +128,6 @@ def test_entropy_is_a_metric_unless_asked_on_the_chunked_path():
     assert not lp.requires_grad and not metric.requires_grad
 
 
-@pytest.fixture(scope="module")
-def qwen2_vocab_model():
-    """A random 1-layer Qwen2 with the real 151,936-token vocabulary and an untied LM head."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=QWEN2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).float()
-
-
 def test_qwen2_vocabulary_model_agrees(qwen2_vocab_model):
     model = qwen2_vocab_model
     gen = torch.Generator().manual_seed(1)

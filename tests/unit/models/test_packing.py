@@ -8,7 +8,6 @@ from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
 from grpo_ray.models.packing import check_packable, packed_completion_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
-QWEN2_VOCAB = 151_936
 
 # (prompt, completion) token lists: lengths from 2 to 13, one row without a completion.
 ROWS = [
@@ -65,19 +64,6 @@ def test_tiny_model_packed_equals_padded(attention, chunk_tokens):
     model = load_causal_lm(str(ensure_tiny_artifacts().model_dir))
     model.config._attn_implementation = attention
     _compare(model, *_rows(ROWS), chunk_tokens)
-
-
-@pytest.fixture(scope="module")
-def qwen2_vocab_model():
-    """A random 2-layer Qwen2 with the real 151,936-token vocabulary."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=QWEN2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).float()
 
 
 @pytest.mark.parametrize("chunk_tokens", [0, 8])
