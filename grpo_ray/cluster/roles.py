@@ -19,6 +19,7 @@ from grpo_ray.cluster.settings import learner_settings, rollout_settings
 from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
 from grpo_ray.cluster.weight_broadcast import SYNC_GROUP
 from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources, syncs_during_generation
+from grpo_ray.types import LearnerShard
 
 
 @dataclass
@@ -52,6 +53,25 @@ class Workers:
         return dict(zip(named, ray.get([actor.__ray_call__.remote(node_id) for actor in named.values()])))
 
     # -- calls every learner rank (and the reference) takes part in --------------------------------
+
+    def update(self, shards: list[LearnerShard], payloads: list[list], ref_refs: list[list] | None) -> list:
+        """Start every rank's optimizer step: rank r's shard, its RolloutSlice refs and (KL in the
+        loss) their reference log-prob refs, passed as top-level arguments so that the learner
+        fetches them and the driver never does. The calls, to gather (dispatch.gather_fail_fast)."""
+        return [learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else []))
+                for rank, (learner, shard) in enumerate(zip(self.learners, shards))]
+
+    def reference_logprobs(self, payloads: list[list], temperature: float) -> list[list]:
+        """The reference's log-probs of every rank's slices, as refs the learners fetch (ranks x
+        slices, as `payloads`); returns once all are computed, so the reference phase is timed."""
+        refs = [[self.reference.logprobs.remote(ref, temperature) for ref in rank_refs] for rank_refs in payloads]
+        ray.wait([r for rank_refs in refs for r in rank_refs], num_returns=sum(map(len, refs)), fetch_local=False)
+        return refs
+
+    def reference_sequence_kl(self, payloads: list[list], temperature: float, estimator: str) -> list:
+        """Calls of the reference's summed KL (by `estimator`) of each slice's completions, in
+        payload order, to fetch."""
+        return [self.reference.sequence_kl.remote(ref, temperature, estimator) for rank_refs in payloads for ref in rank_refs]
 
     def save_checkpoint(self, folder: Path, with_reference: bool) -> None:
         """Each rank's DeepSpeed state under folder/learner; the reference's weights when it was refreshed."""

@@ -31,6 +31,7 @@ from pathlib import Path
 import ray
 
 from grpo_ray.algo.polaris import drop_easy
+from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
@@ -251,8 +252,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(
                 workers, payloads, train, stage.temperature, cfg.algorithm.kl_estimator, kl_coef)
         elif workers.reference is not None:
-            ref_refs = [[workers.reference.logprobs.remote(ref, stage.temperature) for ref in refs] for refs in payloads]
-            ray.wait([r for refs in ref_refs for r in refs], num_returns=sum(map(len, ref_refs)), fetch_local=False)
+            ref_refs = workers.reference_logprobs(payloads, stage.temperature)
     with timer("advantages"):
         advantages = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
     with timer("update"):
@@ -327,7 +327,7 @@ def _log_samples(run: Run, step: int) -> None:
     rewards = [float("nan")] * batch.slice_rows[source]
     for row, reward in zip(batch.generated.rows[mine], batch.generated.rewards[mine]):
         rewards[int(row)] = float(reward)
-    rows = ray.get(beside_data(sample_rows, batch.refs[source], run.cfg.tracking.samples_per_table, rewards))
+    rows = fetch(beside_data(sample_rows, batch.refs[source], run.cfg.tracking.samples_per_table, rewards))
     run.tracker.log_table([{"step": step, **row} for row in rows], f"samples/step_{step:06d}.json")
 
 

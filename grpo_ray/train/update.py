@@ -46,8 +46,7 @@ def kl_reward_penalty(workers: Workers, payloads: list[list], train: StepRows, t
     """Rewards minus kl_coef (this step's: algorithm.kl_controller) x the completion's KL to the
     reference by `estimator` (algorithm.kl_estimator), rows out of the loss untouched; also the mean
     KL of the rows in the loss."""
-    calls = [workers.reference.sequence_kl.remote(ref, temperature, estimator) for refs in payloads for ref in refs]
-    kl = np.concatenate(fetch(calls))
+    kl = np.concatenate(fetch(workers.reference_sequence_kl(payloads, temperature, estimator)))
     in_loss = train.row_weights > 0
     rewards = np.where(in_loss, train.rewards - kl_coef * kl, train.rewards)
     return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
@@ -84,11 +83,11 @@ def run_update(
     global_sequences = int(((train.completion_lengths > 0) & (train.row_weights > 0)).sum())
     bounds = np.cumsum([0] + [n for rank_sizes in sizes for n in rank_sizes])
     cut = lambda values, k: values[bounds[k] : bounds[k + 1]]  # noqa: E731 - k-th payload's rows
-    calls, k = [], 0
-    for rank, learner in enumerate(workers.learners):
+    shards, k = [], 0
+    for rank in range(len(workers.learners)):
         mine = range(k, k + len(payloads[rank]))
         k += len(payloads[rank])
-        shard = LearnerShard(
+        shards.append(LearnerShard(
             step=step,
             advantages=[cut(advantages, i) for i in mine],
             row_weights=[cut(train.row_weights, i) for i in mine],
@@ -97,8 +96,8 @@ def run_update(
             temperature=temperature,
             norm_length=norm_length,
             kl_coef=kl_coef,
-        )
-        calls.append(learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else [])))
+        ))
+    calls = workers.update(shards, payloads, ref_refs)
     if while_running is not None:
         while_running()
     try:

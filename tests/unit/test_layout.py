@@ -3,7 +3,8 @@ no import cycles between packages, and modules and functions a reader can take i
 
     algo, rewards, types, config: neither ray, deepspeed nor vllm (pure, tested on hand-worked data)
     actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
-    ray: only in cluster/ and the run loop (train/loop.py)
+    ray: only in cluster/ and the run loop (train/loop.py); actor calls (`.remote(`) only in cluster/,
+         the loop's few Ray names listed in LOOP_RAY_NAMES
     packages: no cycle in the graph of grpo_ray's subpackages
 """
 
@@ -19,6 +20,8 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 PURE = ("algo", "rewards", "types", "config")
 RAY_ALLOWED = ("cluster", "train.loop")
+# What the run loop may read from `ray` itself: the cluster's size for its tags, and Ray's errors.
+LOOP_RAY_NAMES = {"nodes", "cluster_resources", "exceptions"}
 
 
 def modules() -> dict[str, Path]:
@@ -173,3 +176,33 @@ def reachable_imports(path: Path) -> set[str]:
 def top_level_imports(path: Path) -> set[str]:
     """Modules imported at module level (an import inside a function runs only when called)."""
     return import_names(ast.parse(path.read_text()).body)
+
+
+def ray_uses(path: Path) -> tuple[set[str], int]:
+    """(the names read from `ray`, e.g. {"get", "wait"}; the number of `.remote(` calls) in a file."""
+    names, remote_calls = set(), 0
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ray":
+            names.add(node.attr)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "remote":
+            remote_calls += 1
+    return names, remote_calls
+
+
+def test_actor_calls_and_ray_live_in_cluster_and_the_loops_few_lines():
+    offenders = {}
+    for module, path in MODULES.items():
+        if within(module, ("cluster",)):
+            continue
+        names, remote_calls = ray_uses(path)
+        allowed = LOOP_RAY_NAMES if module == "train.loop" else set()
+        if names - allowed or remote_calls:
+            offenders[module] = (sorted(names - allowed), remote_calls)
+    assert offenders == {}, f"Ray calls outside cluster/ (ray names used, .remote( calls): {offenders}"
+
+
+def test_the_ray_rule_sees_a_remote_call(tmp_path):
+    path = tmp_path / "mod.py"
+    path.write_text("import ray\nx = ray.get([a.f.remote(1)])\n")
+    assert ray_uses(path) == ({"get"}, 1)
+
