@@ -213,10 +213,10 @@ class BatchBuilder:
         return rows
 
     def _accepted(self, rows: StepRows, scored: list[ScoredSlice]) -> StepRows:
-        """A generation's rows, on either path: their reward failures counted (the run stops once a
-        function fails too often), then clipped and normalised (reward.clip / reward.normalize)
+        """A generation's rows, on either path: the reward failures of what it scored counted (the run
+        stops once a function fails too often), then the rows clipped and normalised (reward.clip / reward.normalize)
         before anything reads the rewards."""
-        self.failures.record(*failure_counts(rows, scored))
+        self.failures.record(*failure_counts(scored))
         if (stop := self.failures.check()) is not None:
             raise RewardFailureError(stop)
         if self.shaper.active:

@@ -286,14 +286,17 @@ def shape_rewards(scored: list[ScoredSlice], max_new_tokens: int, overlong: Over
     return [r for r, _ in shaped], [w for _, w in shaped]
 
 
-def failure_counts(rows: StepRows, scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
-    """(failed rows per reward function, rows, each failing function's first error) over the rows a
-    generation gives the step: the one count of both the whole-share and the streamed path, so the
-    failure monitor sees the same rate for the same batch. A failed score is NaN (ScoredSlice)."""
-    failures = {name: int(np.isnan(values).sum()) for name, values in rows.per_function.items()}
+def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:
+    """(failed rows per reward function, rows scored, each function's first error) over every slice
+    or chunk a generation had scored: the one count of both the whole-share and the streamed path, so
+    the failure monitor sees the same rate for the same batch, whatever its chunking and order. It
+    counts what the functions ran on, kept rows or not, from the scorer's own counts: a NaN score
+    also marks a function a row's source does not use (reward.by_source), which is no failure."""
+    failures: dict[str, int] = {}
     first_errors: dict[str, str] = {}
-    for s in scored:
-        for name, error in s.first_errors.items():
-            if failures.get(name):
-                first_errors.setdefault(name, error)
-    return failures, len(rows), first_errors
+    for part in scored:
+        for name, count in part.failures.items():
+            failures[name] = failures.get(name, 0) + count
+        for name, error in part.first_errors.items():
+            first_errors.setdefault(name, error)
+    return failures, int(sum(len(s.rewards) for s in scored)), first_errors

@@ -6,7 +6,7 @@ import pytest
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import pack_slice
 from grpo_ray.cluster.dispatch import pool_scores
-from grpo_ray.train.rows import StepRows, failure_counts
+from grpo_ray.train.rows import failure_counts
 from grpo_ray.types import Completion, Prompt
 
 USER_REWARDS = '''
@@ -71,8 +71,7 @@ def test_misbehaving_user_function_fails_its_rows_and_the_pool_recovers(local_ra
     np.testing.assert_array_equal(np.isnan(failed.rewards), [False, True, False])
     np.testing.assert_array_equal(failed.rewards[[0, 2]], [2.0, 4.0])
     assert failed.failures == {spec: 1} and expected in failed.first_errors[spec]
-    rows = StepRows.from_scored([failed], [failed.rewards], [np.ones(3)])
-    failures, total, errors = failure_counts(rows, [failed])
+    failures, total, errors = failure_counts([failed])
     assert (failures, total) == ({spec: 1}, 3) and expected in errors[spec]
     # The next batch scores normally: the child was replaced, the actor lives on.
     recovered = ray.get(worker.score.remote(make_slice(["ok", "fine"], ["", ""])))

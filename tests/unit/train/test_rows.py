@@ -51,20 +51,33 @@ def _rows(first_source=0) -> StepRows:
 
 
 def test_the_same_batch_gives_the_same_failure_rate_on_either_path():
-    # Whole-share: the slices' rows as they come. Streamed: the same rows, chunk by chunk in
-    # finishing order (group 1 first), put back in group order. One count, over the rows given.
+    # Whole-share: the slices as they come. Streamed: the same rows in chunks, in finishing order.
     a, b = _two_slices()
     b = replace(b, first_errors={"correct": "ValueError: no answer"})
-    whole = StepRows.from_scored([a, b], [a.rewards, b.rewards], [np.ones(2), np.ones(3)])
-    streamed = StepRows.from_scored([b, a], [b.rewards, a.rewards], [np.ones(3), np.ones(2)])
-    streamed = streamed.select(np.argsort(streamed.group_ids, kind="stable"))
+    chunks = [_take(b, [2]), _take(a, [0, 1]), _take(b, [0, 1])]
     expected = ({"correct": 1}, 5, {"correct": "ValueError: no answer"})
-    assert failure_counts(whole, [a, b]) == expected
-    assert failure_counts(streamed, [b, a]) == expected
-    # Rows a streamed rollout's early stop did not keep are not counted; nor is the error of a
-    # function that failed on none of the rows counted.
-    kept = streamed.select(np.flatnonzero(streamed.group_ids < 1))
-    assert failure_counts(kept, [b, a]) == ({"correct": 0}, 2, {})
+    assert failure_counts([a, b]) == expected
+    assert failure_counts(chunks) == expected
+
+
+def test_a_function_a_rows_source_does_not_use_is_no_failure():
+    # reward.by_source: "fmt" scores only row 1; its NaN on row 0 is "not used", and the scorer
+    # counted no failure. Counting NaNs would have stopped a healthy run at a 50% failure rate.
+    routed = replace(_two_slices()[0], per_function={"correct": np.array([1.0, np.nan]), "fmt": np.array([np.nan, 1.0])},
+                     failures={"correct": 0, "fmt": 0})
+    assert failure_counts([routed]) == ({"correct": 0, "fmt": 0}, 2, {})
+
+
+def _take(scored: ScoredSlice, rows: list[int]) -> ScoredSlice:
+    """The given rows of a slice, as a streamed chunk of them would be scored."""
+    pick = np.array(rows)
+    per_function = {name: values[pick] for name, values in scored.per_function.items()}
+    return replace(scored, group_ids=scored.group_ids[pick], prompt_uids=scored.prompt_uids[pick],
+                   rewards=scored.rewards[pick], per_function=per_function,
+                   failures={name: int(np.isnan(values).sum()) for name, values in per_function.items()},
+                   first_errors=scored.first_errors if any(np.isnan(v).any() for v in per_function.values()) else {},
+                   completion_lengths=scored.completion_lengths[pick], truncated=scored.truncated[pick],
+                   group_diversity=scored.group_diversity[pick])
 
 
 def _response(tokens, reward=0.75, finish_reason="stop", per_function=None) -> KeptResponse:
