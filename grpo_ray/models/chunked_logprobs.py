@@ -47,15 +47,8 @@ def head_logprobs(
     # The decoder ran on every position (logits_to_keep only trims the head): keep those the head would have.
     hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
     flat = hidden.reshape(rows * width, hidden.shape[-1])
-    logprobs, entropy = chunked_token_stats(
-        flat, head.weight, head.bias, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy
-    )
-    logprobs = logprobs.view(rows, width)
-    if entropy is not None:
-        entropy = entropy.view(rows, width)
-        if not (entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy.detach()
-    return logprobs, entropy
+    logprobs, entropy = _head_stats(head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad)
+    return logprobs.view(rows, width), (None if entropy is None else entropy.view(rows, width))
 
 
 def logprobs_at(
@@ -76,9 +69,15 @@ def logprobs_at(
         logits = model(**forward, logits_to_keep=positions).logits[0]
         return _logits_stats(logits, target_ids, temperature, with_entropy, entropy_grad)
     hidden = last_hidden_state(model, forward)[0, positions]
+    return _head_stats(head, hidden, target_ids, temperature, chunk_tokens, with_entropy, entropy_grad)
+
+
+def _head_stats(head: torch.nn.Linear, hidden: Tensor, target_ids: Tensor, temperature: float, chunk_tokens: int,
+                with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+    """The chunked path on hidden states [M, H]: log-probs [M] (and entropies, differentiable only
+    with `entropy_grad`)."""
     logprobs, entropy = chunked_token_stats(
-        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy
-    )
+        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy)
     if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
         entropy = entropy.detach()
     return logprobs, entropy

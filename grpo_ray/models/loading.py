@@ -154,6 +154,13 @@ def sequence_logprobs(
     return logprobs, entropy
 
 
+def prompt_lengths(completion_mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[N] each right-padded row's prompt length: its first completion column, or its whole length
+    when it has no completion token."""
+    has_completion = completion_mask.any(dim=1)
+    return torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths)
+
+
 def first_completion_column(completion_mask: torch.Tensor) -> int:
     """The first column in which any row has a completion token (1 when there is none)."""
     columns = completion_mask.any(dim=0).nonzero()

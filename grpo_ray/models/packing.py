@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from grpo_ray.models.chunked_logprobs import logprobs_at
+from grpo_ray.models.loading import prompt_lengths
 from grpo_ray.models.shared_prompts import completion_logprobs
 
 # Attention implementations whose packed-sequence handling the tests check.
@@ -46,8 +47,7 @@ def packed_completion_logprobs(
     columns = torch.arange(input_ids.shape[1], device=device)
     # Column t of a row is predicted by the output at column t - 1: from the row's first completion
     # column (at least 1) to its last real token.
-    has_completion = completion_mask.any(dim=1)
-    first = torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths).clamp(min=1)
+    first = prompt_lengths(completion_mask, lengths).clamp(min=1)
     wanted = real & (columns >= first[:, None])
     rows, cols = wanted.nonzero(as_tuple=True)
     out_shape = input_ids.shape

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from grpo_ray.models.chunked_logprobs import head_logprobs
-from grpo_ray.models.loading import first_completion_column, sequence_logprobs
+from grpo_ray.models.loading import first_completion_column, prompt_lengths, sequence_logprobs
 
 
 def completion_logprobs(
@@ -92,9 +92,7 @@ def _distinct_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, co
     The prefix of a row is its prompt but the last token, which starts the row's own pass so that
     its logits (those of the first completion token) come out of that pass."""
     lengths = attention_mask.sum(dim=1)
-    has_completion = completion_mask.any(dim=1)
-    prompt_lengths = torch.where(has_completion, (completion_mask > 0).int().argmax(dim=1), lengths)
-    prefix_lengths = (prompt_lengths - 1).clamp(min=0)
+    prefix_lengths = (prompt_lengths(completion_mask, lengths) - 1).clamp(min=0)
     width = int(prefix_lengths.max())
     if width == 0:
         return None
