@@ -26,15 +26,15 @@ from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.algo.schedules import LrSegment, schedule_lr
 from grpo_ray.transport.broadcast import (
-    BroadcastGroup,
     bucket_storage,
     device_identity,
     plan_buckets,
-    send_buckets,
     tied_aliases,
     timed_raw_broadcast,
 )
+from grpo_ray.transport.handoff import HandoffRing, RingHandle
 from grpo_ray.transport.kept import KeptWeights
+from grpo_ray.transport.routes import Seat, SendRoutes, send_routed
 from grpo_ray.models.loading import (
     apply_lora,
     export_parameters,
@@ -101,7 +101,8 @@ class LearnerWorker:
         self.rank = rank
         self.world_size = world_size
         self.engine = None
-        self._sync_group: BroadcastGroup | None = None
+        self._sync_routes = SendRoutes()
+        self._ring: HandoffRing | None = None
         self._kept = KeptWeights()  # weights sent, for re-sampling a pipelined batch's lost share
         # The model is built here, not in setup: every role's constructor runs at once, so loading
         # it and importing DeepSpeed (~5 s on 2 cores) overlap the other actors' start.
@@ -284,17 +285,35 @@ class LearnerWorker:
                 bucket_storage(dict(zip([spec.name for spec in specs], params)), specs, buckets)
         return specs, buckets
 
-    def device_identity(self) -> str | None:
-        """This rank's GPU (for the weight sync's choice of backend), None on CPU."""
+    def device_identity(self) -> str:
+        """This rank's device (for the weight sync's choice of routes and backend)."""
         return device_identity()
 
-    def host_weight_sync(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> None:
-        """Rank 0 only: create the broadcast group's store and join it as its rank 0."""
-        self._sync_group = BroadcastGroup.join(host, port, 0, world_size, backend, timeout_s)
+    def open_handoff_ring(self, slot_bytes: int) -> RingHandle:
+        """Rank 0 only: the two slots of the hand-off to receivers on this device (transport/handoff.py);
+        HandoffRefused says why there can be none."""
+        self._close_handoff_ring()
+        self._ring = HandoffRing.create(slot_bytes, torch.device(self.engine.device), device_identity())
+        return self._ring.handle
 
-    def raw_broadcast(self, num_bytes: int) -> float:
-        """Rank 0 only: seconds of a plain broadcast of num_bytes to the rollout workers."""
-        return timed_raw_broadcast(self._sync_group, num_bytes)
+    def _close_handoff_ring(self) -> None:
+        if self._ring is not None:
+            self._ring.close()
+        self._ring = None
+
+    def host_weight_sync(self, broadcast_seat: Seat | None, handoff_seat: Seat | None) -> None:
+        """Rank 0 only: host the sync's groups (the broadcast's, the hand-off's signals) as their rank 0."""
+        ring = self._ring if handoff_seat is not None else None
+        if handoff_seat is None:
+            self._close_handoff_ring()
+        self._sync_routes = SendRoutes.host(broadcast_seat, handoff_seat, ring)
+
+    def raw_broadcast(self, num_bytes: int) -> float | None:
+        """Rank 0 only: seconds of a plain broadcast of num_bytes to the ranks that take the broadcast
+        (None when every one takes the hand-off)."""
+        if self._sync_routes.broadcast is None:
+            return None
+        return timed_raw_broadcast(self._sync_routes.broadcast, num_bytes)
 
     def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0,
                      kept: bool = False) -> SyncReport | None:
@@ -303,7 +322,7 @@ class LearnerWorker:
         alone sends the copy of `version` instead of the weights it holds now."""
         if kept:
             started = time.perf_counter()
-            checksum, num_bytes = send_buckets(self._sync_group, iter(self._kept.tensors(version)),
+            checksum, num_bytes = send_routed(self._sync_routes, iter(self._kept.tensors(version)),
                                                weight_specs(self.module, adapter_only), buckets)
             return SyncReport("learner", version, checksum, num_bytes, time.perf_counter() - started)
         started = time.perf_counter()
@@ -323,11 +342,11 @@ class LearnerWorker:
                 return None
             try:
                 tensors = self._kept.keeping(version, bucket_tensors(), keep) if keep else bucket_tensors()
-                checksum, num_bytes = send_buckets(self._sync_group, tensors, specs, buckets)
+                checksum, num_bytes = send_routed(self._sync_routes, tensors, specs, buckets)
             except Exception:
                 # A receiver died mid-sync. Dropping this end closes its sockets, so the other receivers
                 # fail now rather than at the timeout, and can join the group the driver forms next.
-                self._sync_group = None
+                self._sync_routes = SendRoutes()
                 raise
         return SyncReport(
             who="learner", version=version, checksum=checksum, num_bytes=num_bytes,

@@ -18,14 +18,9 @@ import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.transport.broadcast import (
-    BroadcastGroup,
-    ReceiveTally,
-    device_identity,
-    receive_buckets,
-    receive_into,
-    timed_raw_broadcast,
-)
+from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, device_identity, timed_raw_broadcast
+from grpo_ray.transport.handoff import RingHandle, check_ring
+from grpo_ray.transport.routes import BucketSource, Seat, join_seat, receive_buckets, receive_into
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
@@ -72,7 +67,7 @@ class RolloutWorker:
             cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb, tensor_parallel_size=settings.tensor_parallel_size,
         ), self.tokenizer)
         self.policy_version = 0
-        self._group: BroadcastGroup | None = None
+        self._group: BucketSource | None = None
         self._specs: list[WeightSpec] = []
         self._buckets: list[list[int]] = []
         self._in_place: list | None = None  # the engine's weights as one tensor per bucket (hf engine)
@@ -157,32 +152,38 @@ class RolloutWorker:
         """Whether the engine's own worker processes take the broadcast ranks (vLLM without LoRA)."""
         return getattr(self.engine, "joins_weight_sync", False)
 
-    def device_identity(self) -> list[str | None]:
-        """The GPU of each of this worker's broadcast ranks (for the choice of backend), None on CPU;
-        its length is the number of ranks the worker takes."""
+    def device_identity(self) -> list[str]:
+        """The device of each of this worker's sync ranks (for the choice of routes and backend); its
+        length is the number of ranks the worker takes."""
         if self._shards_receive:
             return self._engine_call(self.engine.device_identities)
         return [device_identity()]
 
-    def join_weight_sync(
-        self, host: str, port: int, rank_offset: int, world_size: int, specs: list[WeightSpec],
-        buckets: list[list[int]], backend: str, timeout_s: float,
-    ) -> None:
-        """Join the broadcast group as ranks rank_offset .. rank_offset + len(device_identity()) - 1."""
+    def check_handoff(self, ring: RingHandle) -> list[str | None]:
+        """For each of this worker's ranks: None if it can receive through learner rank 0's hand-off
+        ring, else why not (one line)."""
+        if self._shards_receive:
+            return self._engine_call(self.engine.check_handoff, ring)
+        return [check_ring(ring, device_identity())]
+
+    def join_weight_sync(self, seats: list[Seat], specs: list[WeightSpec], buckets: list[list[int]]) -> None:
+        """Take a seat per rank (transport/routes.py): the broadcast group, or the hand-off."""
         self._specs, self._buckets = specs, buckets
         if self._shards_receive:
             self._group = None
-            self._engine_call(self.engine.join_weight_sync, host, port, rank_offset, world_size, specs, buckets,
-                              backend, timeout_s)
+            self._engine_call(self.engine.join_weight_sync, seats, specs, buckets)
             return
-        self._group = BroadcastGroup.join(host, port, rank_offset, world_size, backend, timeout_s)
+        self._group = join_seat(seats[0], device_identity())
         # Where the engine can, its weights become the buckets' storage: received in place, no load copy.
         self._in_place = self.engine.bucket_storage(specs, buckets, self._group.device)
 
-    def raw_broadcast(self, num_bytes: int) -> float:
-        """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick)."""
+    def raw_broadcast(self, num_bytes: int) -> float | None:
+        """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick);
+        None for a rank that takes the hand-off."""
         if self._shards_receive:
             return self._engine_call(self.engine.raw_broadcast, num_bytes)
+        if not isinstance(self._group, BroadcastGroup):
+            return None
         return timed_raw_broadcast(self._group, num_bytes)
 
     def drop_bucket_in_next_sync(self, shard: int, bucket: int) -> None:

@@ -42,6 +42,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -267,20 +268,26 @@ class VllmEngine:
         """True: the engine's workers join the broadcast group themselves (one rank per shard)."""
         return self.lora is None
 
-    def device_identities(self) -> list[str | None]:
-        """Each shard's GPU (None on CPU), in shard order."""
+    def device_identities(self) -> list[str]:
+        """Each shard's device, in shard order."""
         return self._run(self.llm.collective_rpc("grpo_device_identity"))
 
-    def join_weight_sync(self, host: str, port: int, rank_offset: int, world_size: int, specs: list[WeightSpec],
-                         buckets: list[list[int]], backend: str, timeout_s: float) -> None:
+    def check_handoff(self, ring) -> list[str | None]:
+        """Each shard's answer to transport.handoff.check_ring, in shard order."""
+        return self._run(self.llm.collective_rpc("grpo_check_handoff", args=(asdict(ring),)))
+
+    def join_weight_sync(self, seats: list, specs: list[WeightSpec], buckets: list[list[int]]) -> None:
+        """Shard r takes seats[r] (transport/routes.py)."""
         init, _ = transfer_requests()
-        info = dict(host=host, port=port, rank_offset=rank_offset, world_size=world_size, backend=backend,
-                    timeout_s=timeout_s, specs=[(s.name, tuple(s.shape), s.dtype) for s in specs], buckets=buckets)
+        info = dict(seats=[seat.as_dict() for seat in seats],
+                    specs=[(s.name, tuple(s.shape), s.dtype) for s in specs], buckets=buckets)
         self._run(self.llm.init_weight_transfer_engine(init(init_info=info)))
 
-    def raw_broadcast(self, num_bytes: int) -> float:
-        """Seconds of the learner's plain broadcast of num_bytes, the slowest shard's."""
-        return max(self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))))
+    def raw_broadcast(self, num_bytes: int) -> float | None:
+        """Seconds of the learner's plain broadcast of num_bytes, the slowest broadcast shard's
+        (None when every shard takes the hand-off)."""
+        seconds = [s for s in self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))) if s is not None]
+        return max(seconds) if seconds else None
 
     def receive_weights(self, version: int, drop: dict[int, int] | None = None) -> list[dict]:
         """Every shard receives and loads every bucket; one report per shard (vllm_transfer.py).

@@ -4,8 +4,9 @@ vLLM runs its model in worker processes of its own (one per tensor-parallel shar
 builds a weight-transfer engine from the engine's `weight_transfer_config` (backend "grpo_ray"),
 and through vLLM's weight-transfer API (init_weight_transfer_engine, start_weight_update,
 update_weights, finish_weight_update) it joins the broadcast group of transport/broadcast.py
-itself, as rank `rank_offset + its shard's rank`, receives every bucket learner rank 0 sends
-(gloo on CPU, NCCL on GPU, chosen by the driver as for any member) and loads it with the
+itself, in the seat the driver gave its shard (transport/routes.py: the broadcast group, gloo on
+CPU and NCCL on GPU, or the hand-off when it shares learner rank 0's device), receives every
+bucket learner rank 0 sends and loads it with the
 model's own `load_weights`, which keeps this shard's slice. Loading goes through vLLM's layerwise
 reload, as its own NCCL engine does, so weights vLLM repacks after loading are repacked again.
 
@@ -32,12 +33,13 @@ from grpo_ray.actors.vllm_compat import (
 from grpo_ray.transport.broadcast import (
     BroadcastGroup,
     ReceiveTally,
-    arriving_buckets,
     bucket_tensors,
     device_identity,
     send_buckets,
     timed_raw_broadcast,
 )
+from grpo_ray.transport.handoff import RingHandle, check_ring
+from grpo_ray.transport.routes import BucketSource, Seat, arriving, join_seat
 from grpo_ray.types import WeightSpec
 
 BACKEND = "grpo_ray"
@@ -45,14 +47,9 @@ BACKEND = "grpo_ray"
 
 @dataclass
 class BucketInitInfo:
-    """Where the broadcast group meets and what a sync carries (sent once, at join)."""
+    """Where each shard takes the sync and what a sync carries (sent once, at join)."""
 
-    host: str
-    port: int
-    rank_offset: int  # this engine's first rank in the group; its shard of rank r joins as offset + r
-    world_size: int
-    backend: str  # "gloo" | "nccl"
-    timeout_s: float
+    seats: list = field(default_factory=list)  # shard r's Seat (transport/routes.py) at r, as plain fields
     specs: list = field(default_factory=list)  # [(name, shape, dtype, numel)] (WeightSpec fields)
     buckets: list = field(default_factory=list)  # spec indices per bucket, in send order
 
@@ -72,7 +69,7 @@ class BucketWeightTransferEngine(WeightTransferEngine):
 
     def __init__(self, config, vllm_config, device, model):
         super().__init__(config, vllm_config, device, model)
-        self.group: BroadcastGroup | None = None
+        self.group: BucketSource | None = None
         self.specs: list[WeightSpec] = []
         self.buckets: list[list[int]] = []
         self.report: dict = {}
@@ -84,10 +81,7 @@ class BucketWeightTransferEngine(WeightTransferEngine):
     def init_transfer_engine(self, init_info: BucketInitInfo) -> None:
         self.specs = [WeightSpec(name, tuple(shape), dtype) for name, shape, dtype in init_info.specs]
         self.buckets = [list(bucket) for bucket in init_info.buckets]
-        self.group = BroadcastGroup.join(
-            init_info.host, init_info.port, init_info.rank_offset + self.shard, init_info.world_size,
-            init_info.backend, init_info.timeout_s,
-        )
+        self.group = join_seat(Seat.from_dict(init_info.seats[self.shard]), device_identity())
 
     def start_weight_update(self) -> None:
         start_layerwise_load(self.model)
@@ -103,7 +97,7 @@ class BucketWeightTransferEngine(WeightTransferEngine):
         tally = ReceiveTally()
         dropped = update_info.drop.get(self.shard, update_info.drop.get(str(self.shard)))
         try:
-            for index, flat in arriving_buckets(self.group, self.specs, self.buckets, fresh=True):
+            for index, flat in arriving(self.group, self.specs, self.buckets, fresh=True):
                 if index == dropped:
                     continue
                 self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
@@ -134,13 +128,19 @@ class GrpoWorkerExtension:
         """What this shard loaded in the last update: shard, version, checksum, num_bytes, seconds."""
         return dict(self.weight_transfer_engine.report)
 
-    def grpo_raw_broadcast(self, num_bytes: int) -> float:
-        """This shard's side of the learner's plain broadcast of num_bytes (the sync's yardstick)."""
-        return timed_raw_broadcast(self.weight_transfer_engine.group, num_bytes)
+    def grpo_raw_broadcast(self, num_bytes: int) -> float | None:
+        """This shard's side of the learner's plain broadcast of num_bytes (the sync's yardstick);
+        None for a shard that takes the hand-off."""
+        group = self.weight_transfer_engine.group
+        return timed_raw_broadcast(group, num_bytes) if isinstance(group, BroadcastGroup) else None
 
-    def grpo_device_identity(self) -> str | None:
-        """This shard's GPU (for the broadcast's choice of gloo or NCCL), None on CPU."""
+    def grpo_device_identity(self) -> str:
+        """This shard's device (for the sync's choice of routes and backend)."""
         return device_identity()
+
+    def grpo_check_handoff(self, ring: dict) -> str | None:
+        """None if this shard can receive through learner rank 0's hand-off ring, else why not."""
+        return check_ring(RingHandle(**{**ring, "handles": tuple(ring["handles"])}), device_identity())
 
 
 register_weight_transfer_engine(BACKEND, BucketWeightTransferEngine)

@@ -1,8 +1,9 @@
 """Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
 
-The group's ranks: learner rank 0 is rank 0; each rollout worker then takes, in turn, one rank per
-entry of its `device_identity()`: one per vLLM tensor-parallel shard when the engine's own workers
-receive the weights, else one. Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
+The ranks: learner rank 0 sends; each rollout worker takes one rank per entry of its
+`device_identity()`: one per vLLM tensor-parallel shard when the engine's own workers receive the
+weights, else one. A rank on learner rank 0's device takes the hand-off (handles to memory on that
+device, transport/handoff.py), the others the broadcast group (transport/routes.py). Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
 received and loaded must equal the one learner rank 0 computed over what it sent; a vLLM shard
 that missed a bucket is named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine scores
 a fixed probe sequence, and its log-probs must be the learner's to within the tolerance or closer
@@ -14,7 +15,7 @@ repacks some weight matrices.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,6 +23,7 @@ import ray
 
 from grpo_ray.cluster.placement import error_line, node_address_and_port
 from grpo_ray.transport.broadcast import choose_backend, spec_bytes
+from grpo_ray.transport.routes import Seat
 from grpo_ray.transport.probe import read_probe
 from grpo_ray.types import Probe, SyncReport
 
@@ -46,16 +48,19 @@ class SyncResult:
 
 class WeightBroadcaster:
     def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
-                 keep_versions: int = 0, during_generation: bool = False):
+                 keep_versions: int = 0, during_generation: bool = False, same_device: str = "handoff"):
         """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
         keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
         started ahead, up to rollout.max_staleness updates old, is finished after the next version
         was sent: max_staleness + 1), for with_kept_weights.
         during_generation: the rollout workers receive in their SYNC_GROUP, so that a sync lands
-        while they generate (config.syncs_during_generation) instead of after."""
+        while they generate (config.syncs_during_generation) instead of after.
+        same_device: "handoff" (ranks on learner rank 0's device take the hand-off) or "broadcast"."""
         self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
         self.keep_versions = keep_versions
         self.during_generation = during_generation
+        self.same_device = same_device
+        self.notes: list[str] = []  # lines on the routes chosen, e.g. a hand-off refused (form_group)
         self.backend, self.backend_reason = "gloo", ""
         self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20), adapter_only))
         self.form_group()
@@ -66,27 +71,73 @@ class WeightBroadcaster:
         self._probed: tuple[int, np.ndarray] | None = None  # (version, the learner's probe log-probs then)
 
     def form_group(self) -> None:
-        """Learner rank 0 and every rollout worker join a new group (on a fresh port): at the start,
-        and after a rollout worker was replaced, since a group's members are fixed."""
+        """Learner rank 0 and every rollout rank take a seat in new groups (on fresh ports): at the
+        start, and after a rollout worker was replaced, since a group's members are fixed. A rank on
+        learner rank 0's device takes the hand-off (transport/handoff.py) unless it cannot map it;
+        the others the broadcast, over NCCL when each has a GPU of its own, else gloo."""
         # Chosen from where the members are, not where the driver is: a replacement may land elsewhere.
         learner_device = ray.get(self.learners[0].device_identity.remote(), timeout=self.timeout_s)
         rollout_devices = ray.get([worker.device_identity.remote() for worker in self.rollouts], timeout=self.timeout_s)
-        self.backend, self.backend_reason = choose_backend([learner_device] + [d for ds in rollout_devices for d in ds])
-        host, port = node_address_and_port(self.learners[0])
-        offsets = [1]
-        for devices in rollout_devices:
-            offsets.append(offsets[-1] + len(devices))
-        world = self.world_size = offsets[-1]
-        # All ranks must be constructing the group at once: submit every call, then wait.
+        ranks = [(w, r) for w, devices in enumerate(rollout_devices) for r in range(len(devices))]
+        local = {(w, r) for w, r in ranks if self.same_device == "handoff" and rollout_devices[w][r] == learner_device}
+        self.notes, ring = [], None
+        if local:
+            ring, refused = self._open_ring(sorted({w for w, _ in local}))
+            for (w, r), why in refused.items():
+                local.discard((w, r))
+                self.notes.append(f"weight sync: {self._rank_name(w, r, rollout_devices)} shares learner rank 0's device "
+                                  f"but cannot take the hand-off ({why}); it takes the broadcast")
+        remote = [rank for rank in ranks if rank not in local]
+        self.backend, self.backend_reason = choose_backend([learner_device] + [rollout_devices[w][r] for w, r in remote])
+        self.handoff_ranks, self.broadcast_ranks = len(local), len(remote)
+        broadcast_seat = self._seat(len(remote) + 1, self.backend) if remote else None
+        handoff_seat = self._seat(len(local) + 1, "gloo", ring) if local else None
+        seats: list[list] = [[None] * len(devices) for devices in rollout_devices]
+        for number, (w, r) in enumerate(remote, start=1):
+            seats[w][r] = replace(broadcast_seat, rank=number, ring=None)
+        for number, (w, r) in enumerate(sorted(local), start=1):
+            seats[w][r] = replace(handoff_seat, rank=number)
+        self.world_size = len(ranks) + 1
+        # All ranks must be constructing the groups at once: submit every call, then wait.
         ray.get(
-            [self.learners[0].host_weight_sync.remote(host, port, world, self.backend, self.timeout_s)]
-            + [
-                worker.join_weight_sync.remote(host, port, offset, world, self.specs, self.buckets, self.backend,
-                                               self.timeout_s)
-                for worker, offset in zip(self.rollouts, offsets)
-            ],
+            [self.learners[0].host_weight_sync.remote(broadcast_seat, handoff_seat)]
+            + [worker.join_weight_sync.remote(worker_seats, self.specs, self.buckets)
+               for worker, worker_seats in zip(self.rollouts, seats)],
             timeout=self.timeout_s,
         )
+
+    def _open_ring(self, workers: list[int]) -> tuple[Any, dict[tuple[int, int], str]]:
+        """Learner rank 0's hand-off ring and the ranks of these workers that cannot map it: (ring,
+        {(worker, rank): why}); every rank refused when the learner cannot make one."""
+        slot_bytes = max(sum(spec_bytes(self.specs[i]) for i in bucket) for bucket in self.buckets)
+        try:
+            ring = ray.get(self.learners[0].open_handoff_ring.remote(slot_bytes), timeout=self.timeout_s)
+        except ray.exceptions.RayTaskError as err:
+            why = error_line(err)
+            answers = ray.get([self.rollouts[w].device_identity.remote() for w in workers], timeout=self.timeout_s)
+            return None, {(w, r): why for w, devices in zip(workers, answers) for r in range(len(devices))}
+        answers = ray.get([self.rollouts[w].check_handoff.remote(ring) for w in workers], timeout=self.timeout_s)
+        return ring, {(w, r): why for w, whys in zip(workers, answers) for r, why in enumerate(whys) if why is not None}
+
+    def _seat(self, world_size: int, backend: str, ring: Any = None) -> Seat:
+        """Rank 0's seat in a new group hosted by learner rank 0."""
+        host, port = node_address_and_port(self.learners[0])
+        return Seat(host, port, 0, world_size, backend, self.timeout_s, ring)
+
+    def _rank_name(self, worker: int, rank: int, devices: list[list[str]]) -> str:
+        return f"rollout-{worker}" + (f" (tp rank {rank})" if len(devices[worker]) > 1 else "")
+
+    @property
+    def route_line(self) -> str:
+        """How the weights travel, for the run's log."""
+        parts = []
+        if self.handoff_ranks:
+            parts.append(f"{self.handoff_ranks} rank{'s' if self.handoff_ranks > 1 else ''} by hand-off on learner "
+                         "rank 0's device (no bytes through a socket)")
+        if self.broadcast_ranks:
+            parts.append(f"{self.broadcast_ranks} rank{'s' if self.broadcast_ranks > 1 else ''} over "
+                         f"{self.backend}: {self.backend_reason}")
+        return "; ".join(parts)
 
     def resend(self, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         """A new group and the learners' weights again (for a replaced rollout worker), proven as every
@@ -158,10 +209,12 @@ class WeightBroadcaster:
         return sum(spec_bytes(spec) for spec in self.specs)
 
     def raw_broadcast_gbps(self, num_bytes: int) -> float:
-        """GB/s of a plain broadcast of num_bytes from learner rank 0 to every rollout worker, in the
-        sync's own group: the most a weight sync of those bytes could reach."""
+        """GB/s of a plain broadcast of num_bytes from learner rank 0 to the rollout ranks that take the
+        broadcast, in the sync's own group: the most a weight sync of those bytes could reach (NaN when
+        every rank takes the hand-off)."""
         calls = [self.learners[0].raw_broadcast.remote(num_bytes)] + [w.raw_broadcast.remote(num_bytes) for w in self.rollouts]
-        return num_bytes / max(ray.get(calls, timeout=self.timeout_s)) / 1e9
+        seconds = [s for s in ray.get(calls, timeout=self.timeout_s) if s is not None]
+        return num_bytes / max(seconds) / 1e9 if self.broadcast_ranks else float("nan")
 
     def note_probe(self, probe: Probe) -> None:
         """Keep the learner's probe log-probs at the weights the rollout workers hold now (the start,

@@ -103,6 +103,10 @@ class WeightSyncConfig(_Section):
     # With model.lora.enabled, send only the LoRA adapter's matrices: the rollout engine applies
     # the adapter itself (peft in the hf engine, vLLM's LoRA support). false: the merged weights.
     lora_adapter_only: bool = True
+    # A rollout rank on learner rank 0's device: "handoff" takes the weights through memory both
+    # map (CUDA IPC on a GPU, shared memory on a CPU; one line says so if that is refused there and
+    # it falls back), "broadcast" through the broadcast group (gloo: via host memory and a socket).
+    same_device: Literal["handoff", "broadcast"] = "handoff"
 
 
 class TrackingConfig(_Section):

@@ -69,7 +69,7 @@ ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "learner.warmup_steps", "model.quantization", "reference.model_path", "reference.tokenizer",
     "reward.by_source", "reward.clip", "reward.normalize", "reward.source_field", "rollout.groups_per_chunk",
     "rollout.vllm.sync_during_generation",
-    "stages[].lr", "stages[].lr_schedule", "train.checkpoint_every_minutes",
+    "stages[].lr", "stages[].lr_schedule", "train.checkpoint_every_minutes", "weight_sync.same_device",
 )
 
 

@@ -77,13 +77,16 @@ class Run:
                                       self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg),
                                       # A batch k updates old is finished after the next version was sent: k + 1.
                                       keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
-                                      during_generation=syncs_during_generation(self.cfg))
+                                      during_generation=syncs_during_generation(self.cfg),
+                                      same_device=self.cfg.weight_sync.same_device)
         if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
             self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
         receivers = self.sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
+        for note in self.sync.notes:
+            self.console.info(note)
         self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) to {receivers} "
-                          f"rank{'s' if receivers > 1 else ''} over {self.sync.backend}: {self.sync.backend_reason}")
+                          f"rank{'s' if receivers > 1 else ''}: {self.sync.route_line}")
         self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

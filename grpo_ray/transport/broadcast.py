@@ -69,22 +69,26 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def device_identity() -> str | None:
-    """This process's GPU as a cluster-wide unique name (its UUID), or None without one."""
+CPU_DEVICE = "cpu:"
+
+
+def device_identity() -> str:
+    """Where this process's weights live, as a cluster-wide name: its GPU's UUID, or without a GPU
+    "cpu:<host>" (processes on one host can share memory: transport/handoff.py)."""
     if not torch.cuda.is_available():
-        return None
+        return CPU_DEVICE + socket.gethostname()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     uuid = getattr(props, "uuid", None)
     return str(uuid) if uuid is not None else f"{socket.gethostname()}/pci-{props.pci_bus_id}"
 
 
-def choose_backend(identities: list[str | None]) -> tuple[str, str]:
+def choose_backend(identities: list[str]) -> tuple[str, str]:
     """(backend, why) for a broadcast group whose ranks sit on these devices (device_identity).
 
     NCCL needs a GPU in every rank and a different GPU in each (it refuses two ranks on one
     device), which a colocated or fractional-GPU layout breaks: then gloo, through host memory.
     """
-    if any(identity is None for identity in identities):
+    if any(identity.startswith(CPU_DEVICE) for identity in identities):
         return "gloo", "a process of the group has no GPU"
     if len(set(identities)) < len(identities):
         shared = next(i for i in identities if identities.count(i) > 1)

@@ -196,8 +196,9 @@ def test_two_ranks_with_unequal_token_budget_plans_equal_one_rank(local_ray, ste
 
 
 # The vllm engine's side of this is test_vllm_engine.py (every shard of a TP-2 engine, every sync).
-@pytest.mark.parametrize("backend", ["hf"])
-def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backend):
+# Learner and engine share this host: by default the hand-off (shared memory), else gloo's broadcast.
+@pytest.mark.parametrize("backend, same_device", [("hf", "handoff"), ("hf", "broadcast")])
+def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backend, same_device):
     ray = local_ray
     batch, _, advantages, probe = step_batch
     cfg = make_cfg(rollout={"backend": backend, "vllm": {"cpu_kv_cache_gb": 0.25}})
@@ -209,8 +210,13 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
     rollouts = start_rollouts(cfg, placement, rollout_res)
     wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
     setup_learners(learners)
-    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120)
-    assert (sync.backend, sync.backend_reason) == ("gloo", "a process of the group has no GPU")
+    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device)
+    if same_device == "handoff":
+        assert (sync.handoff_ranks, sync.broadcast_ranks, sync.notes) == (1, 0, [])
+        assert "by hand-off" in sync.route_line and len(sync.buckets) > 2  # both slots refilled
+    else:
+        assert (sync.handoff_ranks, sync.broadcast_ranks) == (0, 1)
+        assert (sync.backend, sync.backend_reason) == ("gloo", "a process of the group has no GPU")
     try:
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         args = (batch.input_ids, batch.attention_mask, 1.0)

@@ -99,8 +99,8 @@ def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
     result = train(quick_cfg(tmp_path, "train.steps=3", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25",
                              "weight_sync.probe_every=1", "data.eval_limit=50", f"rollout.tensor_parallel_size={tp}",
                              f"rollout.num_workers={engines}"))
-    # Each shard of each engine is a receiving rank of its own.
-    assert f"MB) to {engines * tp} ranks over gloo" in capsys.readouterr().out
+    # Each shard of each engine is a receiving rank of its own, on the learner's host: the hand-off.
+    assert f"MB) to {engines * tp} ranks: {engines * tp} ranks by hand-off" in capsys.readouterr().out
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert len(probe) == 3 and max(probe.values()) < 1e-3
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-3

@@ -36,7 +36,9 @@ def start_pair(ray, cfg):
     return placement, learners, rollouts
 
 
-def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, step_batch):  # noqa: F811
+# Both shards share the learner's host: by default each takes the hand-off, else gloo's broadcast.
+@pytest.mark.parametrize("same_device", ["handoff", "broadcast"])
+def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, step_batch, same_device):  # noqa: F811
     ray = local_ray
     batch, _, advantages, probe = step_batch
     cfg = make_cfg(rollout={"backend": "vllm", "tensor_parallel_size": 2, "vllm": {"cpu_kv_cache_gb": 0.25}})
@@ -44,8 +46,9 @@ def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, ste
     try:
         engine_pids = _children(ray.get(rollouts[0].pid.remote()))
         assert len(engine_pids) >= 3, f"an engine core and two shard processes under the actor, found {engine_pids}"
-        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120)
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device)
         assert sync.world_size == 3, "learner rank 0 and one rank per shard"
+        assert (sync.handoff_ranks, sync.broadcast_ranks) == ((2, 0) if same_device == "handoff" else (0, 2))
         args = (batch.input_ids, batch.attention_mask, 1.0)
         rows = np.arange(batch.num_rows)
         for version in (1, 2):

@@ -101,15 +101,16 @@ def test_backend_is_nccl_only_with_a_gpu_of_its_own_for_every_rank():
     assert choose_backend(["GPU-a", "GPU-b", "GPU-c"]) == ("nccl", "3 processes on 3 GPUs")
     backend, why = choose_backend(["GPU-a", "GPU-b", "GPU-a"])
     assert backend == "gloo" and "share GPU GPU-a" in why
-    assert choose_backend(["GPU-a", None]) == ("gloo", "a process of the group has no GPU")
-    assert choose_backend([None, None])[0] == "gloo"
+    assert choose_backend(["GPU-a", "cpu:node-1"]) == ("gloo", "a process of the group has no GPU")
+    assert choose_backend(["cpu:node-1", "cpu:node-1"])[0] == "gloo"
 
 
-def test_device_identity_is_none_without_a_gpu():
-    if torch.cuda.is_available():
-        assert device_identity() == device_identity() and device_identity()
-    else:
-        assert device_identity() is None
+def test_device_identity_names_the_gpu_or_this_host():
+    import socket
+
+    assert device_identity() == device_identity()
+    if not torch.cuda.is_available():
+        assert device_identity() == f"cpu:{socket.gethostname()}"
 
 
 def test_digest_is_the_wrapping_sum_of_words_chained_in_bucket_order():
