@@ -290,30 +290,24 @@ class LearnerWorker:
         return device_identity()
 
     def open_handoff_ring(self, slot_bytes: int) -> RingHandle:
-        """Rank 0 only: the two slots of the hand-off to receivers on this device (transport/handoff.py);
-        HandoffRefused says why there can be none."""
-        self._close_handoff_ring()
+        """Rank 0 only: the two slots of the hand-off to receivers on this device (transport/handoff.py),
+        in place of any before; HandoffRefused says why there can be none."""
+        if self._ring is not None:
+            self._ring.close()
         self._ring = HandoffRing.create(slot_bytes, torch.device(self.engine.device), device_identity())
         return self._ring.handle
 
-    def _close_handoff_ring(self) -> None:
-        if self._ring is not None:
-            self._ring.close()
-        self._ring = None
-
     def host_weight_sync(self, broadcast_seat: Seat | None, handoff_seat: Seat | None) -> None:
         """Rank 0 only: host the sync's groups (the broadcast's, the hand-off's signals) as their rank 0."""
-        ring = self._ring if handoff_seat is not None else None
-        if handoff_seat is None:
-            self._close_handoff_ring()
-        self._sync_routes = SendRoutes.host(broadcast_seat, handoff_seat, ring)
+        if handoff_seat is None and self._ring is not None:  # no receiver takes it: free its memory
+            self._ring, _ = None, self._ring.close()
+        self._sync_routes = SendRoutes.host(broadcast_seat, handoff_seat, self._ring if handoff_seat else None)
 
     def raw_broadcast(self, num_bytes: int) -> float | None:
         """Rank 0 only: seconds of a plain broadcast of num_bytes to the ranks that take the broadcast
         (None when every one takes the hand-off)."""
-        if self._sync_routes.broadcast is None:
-            return None
-        return timed_raw_broadcast(self._sync_routes.broadcast, num_bytes)
+        group = self._sync_routes.broadcast
+        return timed_raw_broadcast(group, num_bytes) if group is not None else None
 
     def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0,
                      kept: bool = False) -> SyncReport | None:

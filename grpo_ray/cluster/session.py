@@ -30,9 +30,11 @@ class RaySession:
 
 def actor_env() -> dict[str, str]:
     env = {**ACTOR_ENV, **actor_noise_env()}
-    # Actors build or find the offline tiny model in the same cache as the driver.
-    if "GRPO_RAY_CACHE" in os.environ:
-        env["GRPO_RAY_CACHE"] = os.environ["GRPO_RAY_CACHE"]
+    # Actors build or find the offline tiny model in the same cache as the driver, and put the
+    # weight hand-off's files where the driver's user said (transport/handoff.py).
+    for name in ("GRPO_RAY_CACHE", "GRPO_RAY_SHM_DIR"):
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 

@@ -34,8 +34,12 @@ import torch
 from grpo_ray.transport.broadcast import BroadcastGroup, _dtype
 from grpo_ray.types import WeightSpec
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = "/dev/shm"  # where a CPU ring's files go; GRPO_RAY_SHM_DIR names another tmpfs (a container's /dev/shm may be 64 MB)
 _CHECK_BYTES = 4096  # a pattern at each slot's start proves the receiver maps the sender's memory
+
+
+def shm_dir() -> str:
+    return os.environ.get("GRPO_RAY_SHM_DIR", SHM_DIR)
 
 
 class HandoffRefused(RuntimeError):
@@ -76,11 +80,14 @@ class HandoffRing:
             handles = tuple(base64.b64encode(pickle.dumps(reduce_tensor(slot)[1])).decode() for slot in slots)
             kind = "cuda"
         else:
-            free = shutil.disk_usage(SHM_DIR).free if os.path.isdir(SHM_DIR) else 0
+            folder = shm_dir()
+            if not os.path.isdir(folder):
+                raise HandoffRefused(f"{folder} is not a directory (GRPO_RAY_SHM_DIR names the shared-memory folder)")
+            free = shutil.disk_usage(folder).free
             if free < 2 * slot_bytes:
-                raise HandoffRefused(f"{SHM_DIR} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
+                raise HandoffRefused(f"{folder} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
                                      f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)")
-            handles = tuple(os.path.join(SHM_DIR, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
+            handles = tuple(os.path.join(folder, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
             slots = [_map_shm(path, slot_bytes, create=True) for path in handles]
             kind = "shm"
         pattern = check_pattern(seed, min(_CHECK_BYTES, slot_bytes)).to(device)
@@ -117,7 +124,7 @@ def _map_shm(path: str, num_bytes: int, create: bool = False) -> torch.Tensor:
                 os.posix_fallocate(fd, 0, num_bytes)
             except OSError as err:
                 os.unlink(path)
-                raise HandoffRefused(f"cannot reserve {num_bytes / 2**20:.0f} MiB in {SHM_DIR}: {err.strerror}") from None
+                raise HandoffRefused(f"cannot reserve {num_bytes / 2**20:.0f} MiB in {os.path.dirname(path)}: {err.strerror}") from None
         mapped = mmap.mmap(fd, num_bytes)
     finally:
         os.close(fd)

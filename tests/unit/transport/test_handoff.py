@@ -17,6 +17,7 @@ HERE = torch.device("cpu")
 
 
 def _weights(seed=0):
+    """Nine tensors of two dtypes in more buckets than the ring's two slots."""
     torch.manual_seed(seed)
     tensors = [torch.randn(n) for n in (40, 17, 3, 64, 9, 33, 1, 48)] + [torch.randn(6).to(torch.bfloat16)]
     specs = [WeightSpec(f"w{i}", tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(tensors)]
@@ -33,25 +34,28 @@ def _receive(seat, specs, buckets, queue, fetched, slow):
     for name, tensor in receive_buckets(source, specs, buckets, tally):
         if slow:
             time.sleep(0.05)  # a slow reader: the sender must not refill its slot before it is read
-        received[name] = tensor.clone()
+        received[name] = tensor.cpu().clone()
     queue.put((received, tally.checksum, tally.num_bytes))
     fetched.wait(60)
 
 
 def _receive_into(seat, specs, buckets, queue, fetched, slow):
     source = join_seat(seat, device_identity())
-    storage = [torch.zeros(sum(specs[i].numel for i in b), dtype=getattr(torch, specs[b[0]].dtype)) for b in buckets]
+    storage = [torch.zeros(sum(specs[i].numel for i in b), dtype=getattr(torch, specs[b[0]].dtype), device=source.device)
+               for b in buckets]
     tally = ReceiveTally()
     receive_into(source, storage, tally)
-    queue.put(({f"bucket{i}": flat for i, flat in enumerate(storage)}, tally.checksum, tally.num_bytes))
+    queue.put(({f"bucket{i}": flat.cpu() for i, flat in enumerate(storage)}, tally.checksum, tally.num_bytes))
     fetched.wait(60)
 
 
-def _run(tensors, specs, buckets, handoff_receivers, broadcast_receivers, slow=False, target=_receive):
-    """Send from here to spawned receivers; returns (checksum, bytes sent, each receiver's report)."""
+def _run(tensors, specs, buckets, handoff_receivers, broadcast_receivers, slow=False, target=_receive, device=HERE):
+    """Send from here (weights and ring on `device`) to spawned receivers; returns (checksum, bytes
+    sent, each receiver's report, received tensors on the CPU)."""
     ctx = mp.get_context("spawn")
     queue, fetched = ctx.Queue(), ctx.Event()
-    ring = HandoffRing.create(_slot_bytes(specs, buckets), HERE, device_identity()) if handoff_receivers else None
+    tensors = [t.to(device) for t in tensors]
+    ring = HandoffRing.create(_slot_bytes(specs, buckets), device, device_identity()) if handoff_receivers else None
     handoff_seat = Seat("127.0.0.1", free_port(), 0, handoff_receivers + 1, "gloo", 60, ring.handle) if ring else None
     broadcast_seat = Seat("127.0.0.1", free_port(), 0, broadcast_receivers + 1, "gloo", 60) if broadcast_receivers else None
     seats = [Seat(**{**handoff_seat.__dict__, "rank": r}) for r in range(1, handoff_receivers + 1)]
