@@ -27,6 +27,7 @@ class EngineSpec:
     gpu_memory_utilization: float = 0.5
     cpu_kv_cache_gb: float = 1.0
     tensor_parallel_size: int = 1
+    sleep_mode: bool = False  # the engine can sleep (rollout.vllm.sleep_level > 0; GPU only)
 
 
 def build_engine(spec: EngineSpec, tokenizer):
@@ -38,7 +39,7 @@ def build_engine(spec: EngineSpec, tokenizer):
             spec.model_path, tokenizer, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
             enforce_eager=spec.enforce_eager, gpu_memory_utilization=spec.gpu_memory_utilization,
             cpu_kv_cache_gb=spec.cpu_kv_cache_gb, tensor_parallel_size=spec.tensor_parallel_size,
-            config_overrides=spec.config_overrides, lora=spec.lora,
+            config_overrides=spec.config_overrides, lora=spec.lora, sleep_mode=spec.sleep_mode,
         )
     if spec.backend != "hf":
         raise ValueError(f"rollout.backend: {spec.backend!r} is not an engine; use hf or vllm")

@@ -47,6 +47,7 @@ class RolloutWorkerSettings:
     vllm_enforce_eager: bool = True
     vllm_gpu_memory_utilization: float = 0.5
     vllm_cpu_kv_cache_gb: float = 1.0
+    vllm_sleep_level: int = 0  # 0: never sleeps; 1 or 2: sleep() frees the GPU for the update
     tensor_parallel_size: int = 1
     lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
 
@@ -65,7 +66,9 @@ class RolloutWorker:
             max_model_len=settings.max_model_len, enforce_eager=settings.vllm_enforce_eager,
             gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
             cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb, tensor_parallel_size=settings.tensor_parallel_size,
+            sleep_mode=settings.vllm_sleep_level > 0,
         ), self.tokenizer)
+        self._asleep: set[str] = set()  # what of the engine's memory sleeps: "weights", "kv_cache"
         self.policy_version = 0
         self._group: BucketSource | None = None
         self._specs: list[WeightSpec] = []
@@ -189,6 +192,20 @@ class RolloutWorker:
     def drop_bucket_in_next_sync(self, shard: int, bucket: int) -> None:
         """Fault drill (tests): in the next sync, vLLM shard `shard` neither loads nor counts `bucket`."""
         self._drop = {shard: bucket}
+
+    def sleep(self) -> None:
+        """After the rollout, free the engine's GPU for the update (rollout.vllm.sleep_level > 0)."""
+        if self.settings.vllm_sleep_level and not self._asleep:
+            self._engine_call(self.engine.sleep, self.settings.vllm_sleep_level)
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake(self, tags: list[str]) -> None:
+        """Take back the parts of the engine's memory named in `tags` that sleep (none: nothing to do,
+        as for an engine just restarted by Ray)."""
+        waking = [tag for tag in tags if tag in self._asleep]
+        if waking:
+            self._engine_call(self.engine.wake_up, waking)
+            self._asleep -= set(waking)
 
     def receive_weights(self, version: int) -> list[SyncReport]:
         """Receive every bucket from learner rank 0 and load it into the engine in place: one report

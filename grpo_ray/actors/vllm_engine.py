@@ -100,6 +100,7 @@ class VllmEngine:
         tensor_parallel_size: int = 1,
         config_overrides: dict | None = None,
         lora=None,
+        sleep_mode: bool = False,
     ):
         self.tokenizer = tokenizer
         kwargs = dict(
@@ -108,6 +109,8 @@ class VllmEngine:
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
+        if sleep_mode:  # vLLM then allocates through its own pool, which it can release and restore
+            kwargs["enable_sleep_mode"] = True
         self.lora = lora
         self.lora_request = None
         self._adapters = tempfile.mkdtemp(prefix="grpo-ray-adapter-") if lora is not None else None
@@ -315,6 +318,16 @@ class VllmEngine:
             return [{**report, "during_generation": during} for report in reports]
 
         return self._run(update_all())
+
+    def sleep(self, level: int) -> None:
+        """Free the engine's GPU memory (rollout.vllm.sleep_level): level 1 keeps the weights in host
+        memory, level 2 drops them; the KV cache goes either way. Nothing may be generating."""
+        self._run(self.llm.sleep(level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"): the weights before a sync loads
+        into them, the KV cache after."""
+        self._run(self.llm.wake_up(tags))
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """The adapter's matrices (LoRA only; full weights go to the workers through receive_weights)."""

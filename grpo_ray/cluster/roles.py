@@ -73,6 +73,11 @@ class Workers:
         payload order, to fetch."""
         return [self.reference.sequence_kl.remote(ref, temperature, estimator) for rank_refs in payloads for ref in rank_refs]
 
+    def sleep_rollouts(self) -> None:
+        """Every rollout engine frees its GPU memory for the update (rollout.vllm.sleep_level); the
+        next weight sync wakes them (cluster/weight_broadcast.py)."""
+        ray.get([worker.sleep.remote() for worker in self.rollouts])
+
     def save_checkpoint(self, folder: Path, with_reference: bool) -> None:
         """Each rank's DeepSpeed state under folder/learner; the reference's weights when it was refreshed."""
         calls = [learner.save_checkpoint.remote(str(folder / "learner")) for learner in self.learners]

@@ -14,6 +14,7 @@ repacks some weight matrices.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -44,22 +45,27 @@ class SyncResult:
     num_bytes: int
     probe_max_abs_diff: float | None
     during_generation: int = 0  # rollout workers whose engine was generating when the weights landed
+    wake_seconds: float = 0.0  # sleeping engines taking back their weights' and KV cache's memory
 
 
 class WeightBroadcaster:
     def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
-                 keep_versions: int = 0, during_generation: bool = False, same_device: str = "handoff"):
+                 keep_versions: int = 0, during_generation: bool = False, same_device: str = "handoff",
+                 sleeps: bool = False):
         """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
         keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
         started ahead, up to rollout.max_staleness updates old, is finished after the next version
         was sent: max_staleness + 1), for with_kept_weights.
         during_generation: the rollout workers receive in their SYNC_GROUP, so that a sync lands
         while they generate (config.syncs_during_generation) instead of after.
-        same_device: "handoff" (ranks on learner rank 0's device take the hand-off) or "broadcast"."""
+        same_device: "handoff" (ranks on learner rank 0's device take the hand-off) or "broadcast".
+        sleeps: the rollout engines sleep during the update (rollout.vllm.sleep_level): a sync wakes
+        their weights first (a sleeping engine cannot load), then, once loaded, their KV cache."""
         self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
         self.keep_versions = keep_versions
         self.during_generation = during_generation
         self.same_device = same_device
+        self.sleeps = sleeps
         self.notes: list[str] = []  # lines on the routes chosen, e.g. a hand-off refused (form_group)
         self.backend, self.backend_reason = "gloo", ""
         self.specs, self.buckets = ray.get(learners[0].weight_plan.remote(int(bucket_mb * 2**20), adapter_only))
@@ -147,15 +153,33 @@ class WeightBroadcaster:
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         self.target = version
+        woken = time.perf_counter()
+        self._wake(["weights"])
+        woken = time.perf_counter() - woken
         sent, received = self._broadcast(version, in_flight=self.during_generation)
+        started = time.perf_counter()
+        self._wake(["kv_cache"])  # before the probe: scoring it needs the cache
+        woken += time.perf_counter() - started
         self.syncs += 1
         self.version = version
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         landed = len({r.who.split(" ")[0] for r in received if r.during_generation})
         self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff,
-                               during_generation=landed)
+                               during_generation=landed, wake_seconds=woken if self.sleeps else 0.0)
         return self.last
+
+    def _wake(self, tags: list[str]) -> None:
+        """Sleeping rollout engines take back the memory of `tags` (rollout.vllm.sleep_level)."""
+        if not self.sleeps:
+            return
+        try:
+            ray.get([worker.wake.remote(tags) for worker in self.rollouts], timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise WeightSyncError(f"waking the rollout engines' {' and '.join(tags)} made no progress for "
+                                  f"{self.timeout_s:g} s (weight_sync.timeout_s)") from None
+        except ray.exceptions.RayError as err:
+            raise WeightSyncError(f"waking the rollout engines' {' and '.join(tags)} failed: {error_line(err)}") from None
 
     def with_kept_weights(self, version: int, issue: Callable[[], T]) -> T:
         """`issue()` while every rollout worker holds the weights of `version`, which learner rank 0

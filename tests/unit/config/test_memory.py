@@ -115,3 +115,21 @@ def test_gpu_memory_must_be_positive(gb):
 
 def test_gib_is_two_to_the_thirty():
     assert GIB == 1 << 30
+
+
+@pytest.mark.parametrize("level", [0, 1])
+def test_a_shared_gpu_shows_both_phases_and_what_sleeping_frees(level):
+    # gsm8k-lora-zero2's learner holds 2.89 GiB per rank (above); a vLLM engine beside it at 0.4 of 80 GiB holds 32.
+    cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml", ["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
+                                                             f"rollout.vllm.sleep_level={level}"])
+    lines, warnings = memory_plan(cfg, 80)
+    assert warnings == []
+    [phases] = [line for line in lines if line.startswith("one GPU in two phases")]
+    assert f"(rollout.vllm.sleep_level {level}): rollout: learner 2.89 GiB + vLLM 32.00 GiB = 34.89 GiB" in phases
+    if level:
+        # Asleep, the engine gives the update all 32 GiB; vLLM may take (80 - 2.89 - 2) / 80 of the GPU.
+        assert "update: learner 2.89 GiB + vLLM 0.00 GiB (asleep: weights in host memory), 77.11 GiB left" in phases
+        assert "vLLM may take up to gpu_memory_utilization 0.94" in "\n".join(lines)
+    else:
+        assert "update: learner 2.89 GiB + vLLM 32.00 GiB (awake), 45.11 GiB left for activations" in phases
+        assert "with rollout.vllm.sleep_level 1 the update would have 77.11 GiB" in "\n".join(lines)

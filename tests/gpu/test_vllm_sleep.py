@@ -1,0 +1,93 @@
+"""vLLM's sleep mode on a GPU shared with the learner (rollout.vllm.sleep_level): sleeping frees the
+engine's memory, a sync wakes its weights, loads the learner's and wakes its KV cache, and the
+engine then holds the learner's weights (digests and probe). The learner and the engine share the
+GPU, so the weights take the CUDA IPC hand-off.
+
+Run on a GPU machine with vLLM, Ray and DeepSpeed installed, with `pytest -m gpu`. Skipped
+without CUDA or vLLM; on a CPU the setting is refused by the config (tests/unit/config).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_ray.cluster.placement import reserve, wait_ready
+from grpo_ray.cluster.roles import setup_learners, start_learners, start_rollouts
+from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
+from grpo_ray.config import RoleResources, plan_batches
+
+from ..integration.conftest import HAS_VLLM
+from ..integration.test_learner_and_sync import make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM"),
+]
+
+UTILIZATION = 0.3
+
+
+@pytest.fixture(scope="module")
+def gpu_ray():
+    import ray
+
+    from grpo_ray.cluster.session import actor_env
+
+    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False, logging_level="WARNING",
+             runtime_env={"env_vars": actor_env()})
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _free() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after_the_sync(gpu_ray, step_batch, level):  # noqa: F811
+    ray = gpu_ray
+    batch, _, advantages, probe = step_batch
+    cfg = make_cfg(rollout={"backend": "vllm", "num_gpus": 0.5,
+                            "vllm": {"sleep_level": level, "gpu_memory_utilization": UTILIZATION}},
+                   learner={"num_gpus": 0.3})
+    learner_res, rollout_res = RoleResources("learner", 1, 0.5, 0.3), RoleResources("rollout", 1, 0.5, 0.5)
+    placement = reserve([learner_res, rollout_res], 120)
+    learners = start_learners(cfg, plan_batches(cfg), placement, learner_res)
+    rollouts = start_rollouts(cfg, placement, rollout_res)
+    wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
+    setup_learners(learners)
+    try:
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=300, sleeps=True)
+        assert sync.handoff_ranks + sync.broadcast_ranks == 1
+        assert sync.handoff_ranks == 1, f"learner and engine share the GPU: CUDA IPC expected ({sync.notes})"
+        args = (batch.input_ids, batch.attention_mask, 1.0)
+        mask = batch.completion_mask
+        awake = ray.get(rollouts[0].score.remote(*args))
+
+        before = _free()
+        ray.get(rollouts[0].sleep.remote())
+        freed = _free() - before
+        # The engine's KV cache and weights are most of its fraction of the GPU.
+        claimed = UTILIZATION * torch.cuda.mem_get_info()[1]
+        assert freed >= 0.8 * claimed, f"sleep level {level} freed {freed / 2**30:.2f} GiB of {claimed / 2**30:.2f}"
+        if level == 1:  # the weights waited in host memory: the same log-probs after waking
+            ray.get(rollouts[0].wake.remote(["weights", "kv_cache"]))
+            again = ray.get(rollouts[0].score.remote(*args))
+            assert (np.abs(again - awake) * mask).max() < 1e-5
+            ray.get(rollouts[0].sleep.remote())
+
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        sync.note_probe(probe)
+        result = sync.sync(version=1, probe=probe, probe_tolerance=1e-3)  # wakes weights, loads, wakes the cache
+        assert result.wake_seconds > 0 and result.probe_max_abs_diff is not None
+        assert _free() <= before + 0.1 * claimed, "the sync woke the engine's memory"
+        gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
+        assert gap.max() < 5e-3, f"engine and learner log-probs differ by {gap.max():.2e} after sleep and sync"
+    finally:
+        for actor in learners + rollouts:
+            ray.kill(actor)
+        placement.remove()
