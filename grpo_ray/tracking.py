@@ -242,6 +242,10 @@ class ConsoleReporter:
             "stale": metrics.get("batch/staleness") if self.pipelined else None,
         }
         fields = {k: f"{v:.4g}" for k, v in shown.items() if v is not None and math.isfinite(v)}
+        if self.pipelined and "pipeline/ahead_during_update" in metrics:
+            # The update overlapped this many batches started ahead, of which this many finished before it.
+            fields["ahead"] = (f"{metrics['pipeline/ahead_generated_by_update_end']:.0f}/"
+                               f"{metrics['pipeline/ahead_during_update']:.0f} done")
         fields["eta"] = _duration(eta)
         return fields
 

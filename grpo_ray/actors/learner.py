@@ -30,7 +30,6 @@ from grpo_ray.transport.broadcast import (
     device_identity,
     plan_buckets,
     tied_aliases,
-    timed_raw_broadcast,
 )
 from grpo_ray.transport.handoff import HandoffRing, RingHandle
 from grpo_ray.transport.kept import KeptWeights
@@ -303,11 +302,9 @@ class LearnerWorker:
             self._ring, _ = None, self._ring.close()
         self._sync_routes = SendRoutes.host(broadcast_seat, handoff_seat, self._ring if handoff_seat else None)
 
-    def raw_broadcast(self, num_bytes: int) -> float | None:
-        """Rank 0 only: seconds of a plain broadcast of num_bytes to the ranks that take the broadcast
-        (None when every one takes the hand-off)."""
-        group = self._sync_routes.broadcast
-        return timed_raw_broadcast(group, num_bytes) if group is not None else None
+    def raw_broadcast(self, num_bytes: int) -> float:
+        """Rank 0 only: the sync's yardstick for num_bytes (routes.SendRoutes.raw_seconds)."""
+        return self._sync_routes.raw_seconds(num_bytes)
 
     def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0,
                      kept: bool = False) -> SyncReport | None:

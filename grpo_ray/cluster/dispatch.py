@@ -45,6 +45,12 @@ def wait_for(refs: list, owners: dict | None = None, stall_s: float | None = Non
                                f"from {', '.join(names)}; raise weight_sync.timeout_s if one call legitimately takes longer")
 
 
+def finished(refs: list) -> bool:
+    """Whether every call behind `refs` has returned, without waiting or fetching."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+    return len(ready) == len(refs)
+
+
 def fetch(ref):
     return ray.get(ref)
 

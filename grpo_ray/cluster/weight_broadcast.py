@@ -233,12 +233,12 @@ class WeightBroadcaster:
         return sum(spec_bytes(spec) for spec in self.specs)
 
     def raw_broadcast_gbps(self, num_bytes: int) -> float:
-        """GB/s of a plain broadcast of num_bytes from learner rank 0 to the rollout ranks that take the
-        broadcast, in the sync's own group: the most a weight sync of those bytes could reach (NaN when
-        every rank takes the hand-off)."""
+        """GB/s of the sync's yardstick for num_bytes: a plain broadcast from learner rank 0 to the
+        rollout ranks that take the broadcast, in the sync's own group, and for the hand-off a plain
+        copy on learner rank 0's device (the slower of the two): the most a sync could reach."""
         calls = [self.learners[0].raw_broadcast.remote(num_bytes)] + [w.raw_broadcast.remote(num_bytes) for w in self.rollouts]
         seconds = [s for s in ray.get(calls, timeout=self.timeout_s) if s is not None]
-        return num_bytes / max(seconds) / 1e9 if self.broadcast_ranks else float("nan")
+        return num_bytes / max(seconds) / 1e9
 
     def note_probe(self, probe: Probe) -> None:
         """Keep the learner's probe log-probs at the weights the rollout workers hold now (the start,

@@ -97,8 +97,9 @@ class WeightSyncConfig(_Section):
     probe_tolerance: float = Field(1e-3, gt=0)
     # Seconds a sync may take before it is an error.
     timeout_s: float = Field(600.0, gt=0)
-    # At the start, time a plain broadcast of the model's bytes in the sync's group and log it as
-    # sync/raw_broadcast_gbps, the yardstick of sync/gbytes_per_s (costs three more broadcasts).
+    # At the start, time a plain broadcast of the model's bytes in the sync's group (for the
+    # hand-off: a plain copy on learner rank 0's device) and log it as sync/raw_broadcast_gbps,
+    # the yardstick of sync/gbytes_per_s (costs three more broadcasts or copies).
     measure_raw_broadcast: bool = False
     # With model.lora.enabled, send only the LoRA adapter's matrices: the rollout engine applies
     # the adapter itself (peft in the hf engine, vLLM's LoRA support). false: the merged weights.

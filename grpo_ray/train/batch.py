@@ -35,8 +35,8 @@ import numpy as np
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
-from grpo_ray.cluster.dispatch import (CallFailed, collect_scores, fetch, generate_refs, reissue_lost_part, rollout_owners,
-                                       rollout_refs, score_tasks, wait_for)
+from grpo_ray.cluster.dispatch import (CallFailed, collect_scores, fetch, finished, generate_refs, reissue_lost_part,
+                                       rollout_owners, rollout_refs, score_tasks, wait_for)
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
@@ -102,6 +102,14 @@ class BatchBuilder:
         hold, so that they run while the learner updates (pipelined rollout)."""
         for _ in range(count):
             self.pending.append(self._start(sampling, group_offset=0))
+
+    def ahead(self) -> tuple[int, int]:
+        """(batches started ahead, how many of them have finished generating), without waiting: read
+        at the end of an update, what overlapped it. A streamed batch counts as generated once the
+        builder has seen its last chunk."""
+        generated = sum(g.streamed.arrived if g.streamed is not None else finished(rank_major(g.per_worker))
+                        for g in self.pending)
+        return len(self.pending), generated
 
     def discard_pending(self) -> None:
         """Forget the batches started ahead (their prompts and seeds will be drawn again): before the

@@ -102,7 +102,9 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
             if cfg.weight_sync.measure_raw_broadcast:
                 raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
                 tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
-                console.info(f"weight sync yardstick: a plain broadcast of the model's {run.sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s")
+                plain = " and ".join(way for way, ranks in (("broadcast", run.sync.broadcast_ranks),
+                                                             ("copy on the device", run.sync.handoff_ranks)) if ranks)
+                console.info(f"weight sync yardstick: a plain {plain} of the model's {run.sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s")
             progress = restore(run, resume_from, state) if state else _start(run)
             try:
                 return _loop(run, progress)
@@ -266,6 +268,8 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
                            float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room),
                            kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None)
+    if cfg.rollout.max_staleness:  # what overlapped the update: batches generating beside it, and how many ended first
+        extra["pipeline/ahead_during_update"], extra["pipeline/ahead_generated_by_update_end"] = run.builder.ahead()
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
     with timer("sync"):
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0

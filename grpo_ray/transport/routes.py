@@ -9,6 +9,7 @@ the learner and rollout actors call these functions. Nothing here imports Ray.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -76,6 +77,35 @@ class SendRoutes:
             ring.unlink()  # every receiver has mapped it (join_seat): nothing to leave behind if we are killed
             routes.handoff = HandoffSender(ring, signals)
         return routes
+
+    def raw_seconds(self, num_bytes: int) -> float:
+        """The sync's yardstick: seconds of a plain broadcast of num_bytes to the broadcast ranks
+        (each of them times its side too), or of a plain copy on the device for the hand-off; the
+        slower where a layout has both."""
+        seconds = []
+        if self.broadcast is not None:
+            seconds.append(broadcast.timed_raw_broadcast(self.broadcast, num_bytes))
+        if self.handoff is not None:
+            seconds.append(timed_copy(num_bytes, self.handoff.ring.slots[0].device))
+        return max(seconds)
+
+
+def timed_copy(num_bytes: int, device: torch.device, repeats: int = 3) -> float:
+    """Seconds of one plain copy of num_bytes within `device` (the best of `repeats`): the most a
+    hand-off of those bytes could reach (it packs and copies each bucket once, the two overlapped)."""
+    source = torch.zeros(num_bytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for attempt in range(repeats + 1):  # the first touches the pages: not timed
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        target.copy_(source)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if attempt:
+            best = min(best, time.perf_counter() - started)
+    return best
 
 
 def send_routed(routes: SendRoutes, tensors: Iterable[torch.Tensor], specs: list[WeightSpec],

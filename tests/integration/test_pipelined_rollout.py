@@ -50,6 +50,12 @@ def test_the_next_batch_is_sampled_one_update_behind_except_after_a_checkpoint(p
     # The learner saw the same thing row by row: every row of a stale batch was reweighted.
     stale_rows = per_step(result.tracking_uri, result.run_id, "update/stale_rows")
     assert stale_rows == {step: value for step, value in staleness.items()}
+    # What overlapped each update: the next step's batch, generating beside it, except before the
+    # checkpoint at step 3 and at the end (nothing is started ahead past either).
+    ahead = per_step(result.tracking_uri, result.run_id, "pipeline/ahead_during_update")
+    assert ahead == {1: 1.0, 2: 1.0, 3: 0.0, 4: 1.0, 5: 1.0, 6: 0.0}
+    generated = per_step(result.tracking_uri, result.run_id, "pipeline/ahead_generated_by_update_end")
+    assert all(0 <= generated[step] <= ahead[step] for step in ahead)
     # The weights still reached the rollout engine after every update (probe every sync).
     probe = per_step(result.tracking_uri, result.run_id, "sync/probe_max_abs_diff")
     assert len(probe) == 6 and max(probe.values()) < 1e-3
@@ -59,7 +65,7 @@ def test_sync_bandwidth_is_logged_next_to_a_raw_broadcast_of_the_same_bytes(pipe
     _, result = pipelined
     raw = per_step(result.tracking_uri, result.run_id, "sync/raw_broadcast_gbps")
     sync = per_step(result.tracking_uri, result.run_id, "sync/gbytes_per_s")
-    assert list(raw) == [0] and raw[0] > 0
+    assert list(raw) == [0] and raw[0] > 0  # the hand-off's yardstick: a plain copy on the learner's device
     assert len(sync) == 6 and min(sync.values()) > 0
 
 

@@ -31,6 +31,15 @@ def test_a_pipelined_run_shows_staleness_and_loss():
     assert out.getvalue() == "step 10/100  reward 0.125  loss -0.0312  s/step 1.5  stale 1  eta 2m15s\n"
 
 
+def test_a_pipelined_step_says_what_overlapped_its_update():
+    out = io.StringIO()
+    console = ConsoleReporter(100, stream=out, pipelined=True)
+    # One batch started ahead generated beside the update and had not finished when it did.
+    console.step(10, {"timing/step": 1.5, "batch/staleness": 1.0, "pipeline/ahead_during_update": 1.0,
+                      "pipeline/ahead_generated_by_update_end": 0.0})
+    assert out.getvalue() == "step 10/100  s/step 1.5  stale 1  ahead 0/1 done  eta 2m15s\n"
+
+
 def test_pauses_between_steps_are_named():
     out = io.StringIO()
     console = ConsoleReporter(4, stream=out)
