@@ -46,6 +46,30 @@ TINY = ROOT / "configs" / "tiny.yaml"
 TARGET_CHARS = 100
 
 
+MODE_OPTIONS = {  # a mode is "on-policy" or "pipelined", then any of these after "+"
+    "broadcast": "weight_sync.same_device=broadcast",  # today's gloo path, for the hand-off's comparison
+    "sleep1": "rollout.vllm.sleep_level=1",
+    "sleep2": "rollout.vllm.sleep_level=2",
+}
+
+
+def mode_sets(mode: str) -> tuple[bool, list[str]]:
+    """(pipelined, overrides) of a --modes entry: "on-policy", "pipelined", "on-policy+sleep1+mem0.7",
+    "pipelined+broadcast"; memN sets vLLM's gpu_memory_utilization to N for that run."""
+    base, *options = mode.split("+")
+    if base not in ("on-policy", "pipelined"):
+        raise SystemExit(f"--modes: {mode!r} starts with neither on-policy nor pipelined")
+    sets = []
+    for option in options:
+        if option.startswith("mem"):
+            sets.append(f"rollout.vllm.gpu_memory_utilization={float(option[3:])}")
+        elif option in MODE_OPTIONS:
+            sets.append(MODE_OPTIONS[option])
+        else:
+            raise SystemExit(f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN")
+    return base == "pipelined", sets
+
+
 def grpo_sets(model_dir: Path | str, out: Path, args, pipelined: bool) -> list[str]:
     """The overrides of configs/tiny.yaml for the 0.5B shape (or, --shape tiny, the tiny model in
     fp32: the recipe the probe's false alarm was seen on) on one GPU."""
@@ -107,10 +131,11 @@ def _stacks(root_pid: int, path: Path) -> str | None:
     return str(path)
 
 
-def grpo_run(name: str, work: Path, model_dir: Path, args, pipelined: bool) -> dict:
+def grpo_run(name: str, work: Path, model_dir: Path, args, mode: str) -> dict:
     out = work / name
     command = [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY)]
-    for item in grpo_sets(model_dir, out, args, pipelined):
+    pipelined, extra = mode_sets(mode)
+    for item in grpo_sets(model_dir, out, args, pipelined) + extra:
         command += ["--set", item]
     started = time.perf_counter()
     path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
@@ -123,6 +148,10 @@ def grpo_run(name: str, work: Path, model_dir: Path, args, pipelined: bool) -> d
     result.update(throughput(metrics, args.warmup, args.prompts * args.samples))
     probe = [v for _, (v, _) in sorted(metrics.get("sync/probe_max_abs_diff", {}).items())]
     result["probe_max_abs_diff"] = probe
+    steps = sorted(metrics["timing/step"])[args.warmup:]
+    for key in ("sync/seconds", "sync/wake_seconds", "timing/sleep", "pipeline/ahead_generated_by_update_end"):
+        if key in metrics:  # the hand-off's, sleep mode's and the overlap's own figures
+            result[key] = sum(metrics[key][s][0] for s in steps if s in metrics[key]) / len(steps)
     return result
 
 
@@ -162,7 +191,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=["qwen2.5-0.5b", "tiny"], default="qwen2.5-0.5b")
     parser.add_argument("--tokenizer", default=None, help="a Qwen2 tokenizer folder (tokenizer.json, tokenizer_config.json)")
     parser.add_argument("--trl-python", default=None, help="a Python with trl installed; omitted: no TRL run")
-    parser.add_argument("--modes", default="on-policy,pipelined")
+    parser.add_argument("--modes", default="on-policy,pipelined",
+                        help="comma-separated: on-policy | pipelined, each with options +broadcast +sleep1 +sleep2 +memN")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the rates")
     parser.add_argument("--prompts", type=int, default=32)
@@ -206,7 +236,7 @@ def main() -> None:
         results["trl"] = trl_run(work, model_dir, args)
         print(json.dumps({"trl": results["trl"]}, default=str)[:2000], flush=True)
     for mode in args.modes.split(","):
-        results["runs"][f"grpo-ray {mode}"] = grpo_run(f"grpo-{mode}", work, model_dir, args, mode == "pipelined")
+        results["runs"][f"grpo-ray {mode}"] = grpo_run(f"grpo-{mode}", work, model_dir, args, mode)
         print(json.dumps({mode: results["runs"][f"grpo-ray {mode}"]}, default=str)[:2000], flush=True)
         if args.json:  # what is done so far survives a time limit
             Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")

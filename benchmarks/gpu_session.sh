@@ -3,7 +3,9 @@
 # is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
-#   bash benchmarks/gpu_session.sh PART...   (PART: tests | tiny | e2e; default all three)
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | tiny | e2e | sync | turns; default the first three)
+# sync: the same-device hand-off (CUDA IPC) against gloo for Qwen2.5-0.5B's 1.26 GB (target <= 0.1 s);
+# turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined.
 # Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -28,6 +30,13 @@ for part in $PARTS; do
       timeout 540 python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
         --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tail -40 | tee "$OUT/e2e.log"
       tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
+    sync)
+      timeout 420 python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
+        --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tail -5 | tee "$OUT/sync.log" ;;
+    turns)
+      timeout 570 python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
+        --modes on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,pipelined --work /tmp/e2e-turns \
+        --json "$OUT/gpu_e2e_turns.json" 2>&1 | tail -30 | tee "$OUT/turns.log" ;;
   esac
   echo "== $part: $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
 done

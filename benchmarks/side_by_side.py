@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 TINY = ROOT / "configs" / "tiny.yaml"
 TRL_PYTHON = HERE / ".venv-trl" / "bin" / "python"
-PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
+PHASES = ("rollout", "reward", "reference", "advantages", "sleep", "update", "sync")
 # Two data-parallel learner ranks, one core's worth (and one torch thread) each, and one rollout
 # worker. On-policy, generation has both cores to itself (configs/tiny.yaml's two threads);
 # pipelined, it shares them with the update, and one thread was faster (809 vs 754 samples/s, before shared prompts).
