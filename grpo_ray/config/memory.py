@@ -185,14 +185,25 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
     kv_text = (f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(_DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
                if utilization else "KV cache grows with the batch (no vLLM GPU pre-allocation)")
     lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
-    if utilization and {"learner", "rollout"} <= set(cfg.placement.colocate) and ln.num_gpus > 0:
-        lines += phase_lines(learner.total, utilization, gpu, r.vllm.sleep_level)
     if cfg.use_reference:
         ref = find_architecture(cfg.reference.model_path or cfg.model.path)
         if ref is not None:
             per_gpu["reference"] = ref.parameters * _DTYPE_BYTES[cfg.model.dtype]
             lines.append(f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})")
+    if utilization and _shares_gpu(cfg, "learner", "rollout"):
+        beside = per_gpu.get("reference", 0.0) if _shares_gpu(cfg, "learner", "reference") else 0.0
+        lines += phase_lines(learner.total + beside, utilization, gpu, r.vllm.sleep_level,
+                             "learner and reference" if beside else "learner")
     return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
+
+
+def _shares_gpu(cfg: Config, role: str, other: str) -> bool:
+    """Whether two GPU roles sit on one GPU: colocated, or both on fractions of one (Ray packs them
+    onto a node's GPU, as configs/gsm8k.yaml does on a one-GPU machine)."""
+    gpus = {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus}
+    if gpus[role] <= 0 or gpus[other] <= 0:
+        return False
+    return {role, other} <= set(cfg.placement.colocate) or (gpus[role] < 1 and gpus[other] < 1)
 
 
 # Kept free on a GPU the learner and a vLLM engine take in turns: each process's CUDA context
@@ -200,25 +211,26 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
 TURN_RESERVE = 2 * GIB
 
 
-def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int) -> list[str]:
+def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int, holder: str = "learner") -> list[str]:
     """The two phases of a GPU shared by learner and vLLM (placement.colocate): what each holds while
     the engine generates and while the learners update, and how much of the GPU vLLM could take.
     Asleep (rollout.vllm.sleep_level), the engine gives all of its memory to the update, so it may
     take everything the learners' state leaves; awake, its share is missing from the update's room
-    for activations the whole run."""
+    for activations the whole run. learner_total: what stays on the GPU through both phases (the
+    learners' state, and a reference beside them), named `holder`."""
     engine = utilization * gpu
     during_update = 0.0 if sleep_level else engine
     room = gpu - learner_total - during_update
     largest = max(0.0, (gpu - learner_total - TURN_RESERVE) / gpu)
     lines = [
-        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: learner {_gib(learner_total)} + "
-        f"vLLM {_gib(engine)} = {_gib(learner_total + engine)}; update: learner {_gib(learner_total)} + vLLM "
+        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: {holder} {_gib(learner_total)} + "
+        f"vLLM {_gib(engine)} = {_gib(learner_total + engine)}; update: {holder} {_gib(learner_total)} + vLLM "
         f"{_gib(during_update)}" + (" (asleep: " + ("weights in host memory" if sleep_level == 1 else "weights dropped")
                                      + ")" if sleep_level else " (awake)") + f", {_gib(room)} left for activations",
     ]
     if sleep_level:
-        lines.append(f"vLLM may take up to gpu_memory_utilization {largest:.2f} (all the learners' state leaves, "
-                     f"{_gib(TURN_RESERVE)} kept for CUDA contexts)")
+        lines.append(f"vLLM may take up to gpu_memory_utilization {largest:.2f} (the GPU less the {holder}'s "
+                     f"{_gib(learner_total)} and {_gib(TURN_RESERVE)} kept for CUDA contexts)")
     else:
         lines.append(f"with rollout.vllm.sleep_level 1 the update would have {_gib(gpu - learner_total)} for activations, "
                      f"or vLLM up to gpu_memory_utilization {largest:.2f}")

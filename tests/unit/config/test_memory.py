@@ -133,3 +133,14 @@ def test_a_shared_gpu_shows_both_phases_and_what_sleeping_frees(level):
     else:
         assert "update: learner 2.89 GiB + vLLM 32.00 GiB (awake), 45.11 GiB left for activations" in phases
         assert "with rollout.vllm.sleep_level 1 the update would have 77.11 GiB" in "\n".join(lines)
+
+
+def test_fractions_of_one_gpu_share_it_with_the_reference_beside_the_learner():
+    # configs/gsm8k.yaml: learner 0.4, rollout 0.4, reference 0.2 of one GPU. Learner 7.36 GiB and the
+    # reference's 0.92 stay through both phases; vLLM holds 0.3 x 80 = 24 GiB awake.
+    lines, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml"), 80)
+    [phases, advice] = [line for line in lines if line.startswith(("one GPU in two phases", "with rollout.vllm.sleep_level"))]
+    assert "rollout: learner and reference 8.28 GiB + vLLM 24.00 GiB = 32.28 GiB" in phases
+    assert phases.endswith("(awake), 47.72 GiB left for activations")
+    # Asleep the update would have 80 - 8.28; vLLM could take (80 - 8.28 - 2) / 80 = 0.87.
+    assert advice == "with rollout.vllm.sleep_level 1 the update would have 71.72 GiB for activations, or vLLM up to gpu_memory_utilization 0.87"
