@@ -288,12 +288,13 @@ class LearnerWorker:
         """This rank's device (for the weight sync's choice of routes and backend)."""
         return device_identity()
 
-    def open_handoff_ring(self, slot_bytes: int) -> RingHandle:
-        """Rank 0 only: the two slots of the hand-off to receivers on this device (transport/handoff.py),
-        in place of any before; HandoffRefused says why there can be none."""
+    def open_handoff_ring(self, slot_bytes: int, host: bool = False) -> RingHandle:
+        """Rank 0 only: the two slots of the hand-off to receivers on this device (transport/handoff.py;
+        `host`: in shared host memory even on a GPU), in place of any before; HandoffRefused says why
+        there can be none."""
         if self._ring is not None:
             self._ring.close()
-        self._ring = HandoffRing.create(slot_bytes, torch.device(self.engine.device), device_identity())
+        self._ring = HandoffRing.create(slot_bytes, torch.device(self.engine.device), device_identity(), host)
         return self._ring.handle
 
     def host_weight_sync(self, broadcast_seat: Seat | None, handoff_seat: Seat | None) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, device_identity, timed_raw_broadcast
-from grpo_ray.transport.handoff import RingHandle, check_ring
+from grpo_ray.transport.handoff import HandoffReceiver, RingHandle, check_ring
 from grpo_ray.transport.routes import BucketSource, Seat, join_seat, receive_buckets, receive_into
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
@@ -177,8 +177,11 @@ class RolloutWorker:
             self._engine_call(self.engine.join_weight_sync, seats, specs, buckets)
             return
         self._group = join_seat(seats[0], device_identity())
-        # Where the engine can, its weights become the buckets' storage: received in place, no load copy.
-        self._in_place = self.engine.bucket_storage(specs, buckets, self._group.device)
+        # Where the engine can, its weights become the buckets' storage, no load copy: a broadcast lands
+        # in them (on the group's device only), a hand-off is copied into them from wherever its ring is.
+        handed = isinstance(self._group, HandoffReceiver)
+        self._in_place = self.engine.bucket_storage(specs, buckets, getattr(self.engine, "device", None) if handed
+                                                    else self._group.device)
 
     def raw_broadcast(self, num_bytes: int) -> float | None:
         """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick);

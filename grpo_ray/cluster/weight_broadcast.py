@@ -23,7 +23,7 @@ import numpy as np
 import ray
 
 from grpo_ray.cluster.placement import error_line, node_address_and_port
-from grpo_ray.transport.broadcast import choose_backend, spec_bytes
+from grpo_ray.transport.broadcast import CPU_DEVICE, choose_backend, spec_bytes
 from grpo_ray.transport.routes import Seat
 from grpo_ray.transport.probe import read_probe
 from grpo_ray.types import Probe, SyncReport
@@ -83,12 +83,19 @@ class WeightBroadcaster:
         the others the broadcast, over NCCL when each has a GPU of its own, else gloo."""
         # Chosen from where the members are, not where the driver is: a replacement may land elsewhere.
         learner_device = ray.get(self.learners[0].device_identity.remote(), timeout=self.timeout_s)
+        self._on_gpu = not learner_device.startswith(CPU_DEVICE)
         rollout_devices = ray.get([worker.device_identity.remote() for worker in self.rollouts], timeout=self.timeout_s)
         ranks = [(w, r) for w, devices in enumerate(rollout_devices) for r in range(len(devices))]
         local = {(w, r) for w, r in ranks if self.same_device == "handoff" and rollout_devices[w][r] == learner_device}
         self.notes, ring = [], None
         if local:
-            ring, refused = self._open_ring(sorted({w for w, _ in local}))
+            ring, refused = self._open_ring(local)
+            if refused and ring is not None and ring.kind == "cuda":
+                # CUDA IPC refused (a container's ptrace rules, expandable segments): the ring in shared
+                # host memory instead, still no socket (pinned on the learner's side).
+                self.notes.append(f"weight sync: CUDA IPC refused ({next(iter(refused.values()))}); the hand-off "
+                                  "goes through shared host memory")
+                ring, refused = self._open_ring(local, host=True)
             for (w, r), why in refused.items():
                 local.discard((w, r))
                 self.notes.append(f"weight sync: {self._rank_name(w, r, rollout_devices)} shares learner rank 0's device "
@@ -96,6 +103,7 @@ class WeightBroadcaster:
         remote = [rank for rank in ranks if rank not in local]
         self.backend, self.backend_reason = choose_backend([learner_device] + [rollout_devices[w][r] for w, r in remote])
         self.handoff_ranks, self.broadcast_ranks = len(local), len(remote)
+        self.handoff_kind = ring.kind if local else None
         broadcast_seat = self._seat(len(remote) + 1, self.backend) if remote else None
         handoff_seat = self._seat(len(local) + 1, "gloo", ring) if local else None
         seats: list[list] = [[None] * len(devices) for devices in rollout_devices]
@@ -112,18 +120,19 @@ class WeightBroadcaster:
             timeout=self.timeout_s,
         )
 
-    def _open_ring(self, workers: list[int]) -> tuple[Any, dict[tuple[int, int], str]]:
-        """Learner rank 0's hand-off ring and the ranks of these workers that cannot map it: (ring,
-        {(worker, rank): why}); every rank refused when the learner cannot make one."""
+    def _open_ring(self, local: set[tuple[int, int]], host: bool = False) -> tuple[Any, dict[tuple[int, int], str]]:
+        """Learner rank 0's hand-off ring (with `host`, in shared host memory even on a GPU) and the
+        `local` ranks (worker, rank) that cannot map it: (ring, {(worker, rank): why}); every one
+        refused when the learner cannot make one."""
         slot_bytes = max(sum(spec_bytes(self.specs[i]) for i in bucket) for bucket in self.buckets)
         try:
-            ring = ray.get(self.learners[0].open_handoff_ring.remote(slot_bytes), timeout=self.timeout_s)
+            ring = ray.get(self.learners[0].open_handoff_ring.remote(slot_bytes, host), timeout=self.timeout_s)
         except ray.exceptions.RayTaskError as err:
-            why = error_line(err)
-            answers = ray.get([self.rollouts[w].device_identity.remote() for w in workers], timeout=self.timeout_s)
-            return None, {(w, r): why for w, devices in zip(workers, answers) for r in range(len(devices))}
+            return None, {rank: error_line(err) for rank in local}
+        workers = sorted({w for w, _ in local})
         answers = ray.get([self.rollouts[w].check_handoff.remote(ring) for w in workers], timeout=self.timeout_s)
-        return ring, {(w, r): why for w, whys in zip(workers, answers) for r, why in enumerate(whys) if why is not None}
+        return ring, {(w, r): why for w, whys in zip(workers, answers) for r, why in enumerate(whys)
+                      if why is not None and (w, r) in local}
 
     def _seat(self, world_size: int, backend: str, ring: Any = None) -> Seat:
         """Rank 0's seat in a new group hosted by learner rank 0."""
@@ -138,8 +147,9 @@ class WeightBroadcaster:
         """How the weights travel, for the run's log."""
         parts = []
         if self.handoff_ranks:
-            parts.append(f"{self.handoff_ranks} rank{'s' if self.handoff_ranks > 1 else ''} by hand-off on learner "
-                         "rank 0's device (no bytes through a socket)")
+            where = "through shared host memory" if self.handoff_kind == "shm" and self._on_gpu else "on learner rank 0's device"
+            parts.append(f"{self.handoff_ranks} rank{'s' if self.handoff_ranks > 1 else ''} by hand-off {where} "
+                         "(no bytes through a socket)")
         if self.broadcast_ranks:
             parts.append(f"{self.broadcast_ranks} rank{'s' if self.broadcast_ranks > 1 else ''} over "
                          f"{self.backend}: {self.backend_reason}")

@@ -72,11 +72,17 @@ def _dtype(name: str) -> torch.dtype:
 CPU_DEVICE = "cpu:"
 
 
+def host_identity() -> str:
+    """This host as a cluster-wide name, "cpu:<host>": processes with the same one can share memory
+    (transport/handoff.py)."""
+    return CPU_DEVICE + socket.gethostname()
+
+
 def device_identity() -> str:
     """Where this process's weights live, as a cluster-wide name: its GPU's UUID, or without a GPU
-    "cpu:<host>" (processes on one host can share memory: transport/handoff.py)."""
+    its host (host_identity)."""
     if not torch.cuda.is_available():
-        return CPU_DEVICE + socket.gethostname()
+        return host_identity()
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     uuid = getattr(props, "uuid", None)
     return str(uuid) if uuid is not None else f"{socket.gethostname()}/pci-{props.pci_bus_id}"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_ray.transport.broadcast import BroadcastGroup, _dtype
+from grpo_ray.transport.broadcast import BroadcastGroup, _dtype, host_identity
 from grpo_ray.types import WeightSpec
 
 SHM_DIR = "/dev/shm"  # where a CPU ring's files go; GRPO_RAY_SHM_DIR names another tmpfs (a container's /dev/shm may be 64 MB)
@@ -54,7 +54,7 @@ class RingHandle:
     kind: str  # "shm" (a file under /dev/shm per slot) | "cuda" (a CUDA IPC handle per slot)
     slot_bytes: int
     handles: tuple[str, str]  # shm: the two files; cuda: each slot's reduce_tensor arguments, pickled, base64
-    device: str  # the sender's device_identity(): a receiver opens CUDA handles on its own index of it
+    device: str  # cuda: the sender's GPU (device_identity), which a receiver opens on its own index of it; shm: its host
     seed: int  # of the check pattern
 
 
@@ -69,11 +69,15 @@ class HandoffRing:
 
     def __init__(self, slots: list[torch.Tensor], handle: RingHandle):
         self.slots, self.handle = slots, handle
+        self.pinned = False  # shm slots registered with CUDA (a GPU sender's host ring)
 
     @classmethod
-    def create(cls, slot_bytes: int, device: torch.device, identity: str) -> "HandoffRing":
+    def create(cls, slot_bytes: int, device: torch.device, identity: str, host: bool = False) -> "HandoffRing":
+        """Slots on `device` (whose device_identity() is `identity`), or with `host` (CUDA IPC refused)
+        in shared host memory even for a GPU sender, pinned so that its copies into them run at DMA speed."""
         seed = int.from_bytes(os.urandom(4), "little")
-        if device.type == "cuda":
+        pinned = False
+        if device.type == "cuda" and not host:
             from torch.multiprocessing.reductions import reduce_tensor
 
             slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
@@ -89,13 +93,16 @@ class HandoffRing:
                                      f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)")
             handles = tuple(os.path.join(folder, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
             slots = [_map_shm(path, slot_bytes, create=True) for path in handles]
-            kind = "shm"
-        pattern = check_pattern(seed, min(_CHECK_BYTES, slot_bytes)).to(device)
+            kind, identity = "shm", host_identity()
+            pinned = device.type == "cuda" and _pin(slots)
+        pattern = check_pattern(seed, min(_CHECK_BYTES, slot_bytes)).to(slots[0].device)
         for slot in slots:
             slot[: pattern.numel()].copy_(pattern)
-        if device.type == "cuda":
+        if slots[0].device.type == "cuda":
             torch.cuda.synchronize(device)
-        return cls(slots, RingHandle(kind, slot_bytes, handles, identity, seed))
+        ring = cls(slots, RingHandle(kind, slot_bytes, handles, identity, seed))
+        ring.pinned = pinned
+        return ring
 
     def slot(self, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         """Bucket `index`'s place: the first numel elements of slot index % 2, as `dtype`."""
@@ -110,6 +117,9 @@ class HandoffRing:
 
     def close(self) -> None:
         self.unlink()
+        if self.pinned:  # before the mapping goes
+            for slot in self.slots:
+                torch.cuda.cudart().cudaHostUnregister(slot.data_ptr())
         self.slots = []
 
 
@@ -131,11 +141,26 @@ def _map_shm(path: str, num_bytes: int, create: bool = False) -> torch.Tensor:
     return torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as the tensor
 
 
+def _pin(slots: list[torch.Tensor]) -> bool:
+    """Register shm slots with CUDA (page-locked), so that GPU copies into and out of them are DMA;
+    False (they stay pageable, copies just slower) where CUDA refuses."""
+    cudart = torch.cuda.cudart()
+    done = []
+    for slot in slots:
+        if int(cudart.cudaHostRegister(slot.data_ptr(), slot.numel(), 0)) != 0:
+            for other in done:
+                cudart.cudaHostUnregister(other.data_ptr())
+            return False
+        done.append(slot)
+    return True
+
+
 def open_ring(handle: RingHandle, identity: str) -> list[torch.Tensor]:
-    """The sender's two slots, mapped into this process (whose device_identity() is `identity`);
-    HandoffRefused says why not."""
-    if identity != handle.device:
-        raise HandoffRefused(f"this process is on {identity}, the ring on {handle.device}")
+    """The sender's two slots, mapped into this process (whose device_identity() is `identity`: a
+    CUDA ring needs the same GPU, a shm ring the same host); HandoffRefused says why not."""
+    here = identity if handle.kind == "cuda" else host_identity()
+    if here != handle.device:
+        raise HandoffRefused(f"this process is on {here}, the ring on {handle.device}")
     try:
         if handle.kind == "shm":
             slots = [_map_shm(path, handle.slot_bytes) for path in handle.handles]

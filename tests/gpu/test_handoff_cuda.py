@@ -46,3 +46,17 @@ def test_a_cuda_ring_is_refused_to_a_process_on_another_device():
     assert ring.handle.kind == "cuda"
     assert "the ring on" in check_ring(ring.handle, "cpu:elsewhere")
     ring.close()
+
+
+def test_where_cuda_ipc_is_refused_a_gpu_sender_hands_off_through_pinned_host_memory():
+    # The fallback form_group takes when a receiver cannot open the CUDA ring: the same protocol in
+    # shared host memory, pinned on the sender's side; GPU weights in, GPU storage out.
+    tensors, specs, buckets = _weights(seed=4)
+    ring = HandoffRing.create(1 << 20, CUDA, device_identity(), host=True)
+    assert ring.handle.kind == "shm" and ring.pinned and ring.slots[0].device.type == "cpu"
+    ring.close()
+    checksum, _, [(storage, their_checksum, _)] = _run(tensors, specs, buckets, 1, 0, target=_receive_into,
+                                                        device=CUDA, host_ring=True)
+    assert their_checksum == checksum
+    for index, bucket in enumerate(buckets):
+        torch.testing.assert_close(storage[f"bucket{index}"], torch.cat([tensors[i].reshape(-1) for i in bucket]), rtol=0, atol=0)
