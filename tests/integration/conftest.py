@@ -18,18 +18,25 @@ import pytest
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 
-@pytest.fixture(scope="module")
-def local_ray():
+@contextlib.contextmanager
+def ray_started(**env: str):
+    """A local Ray whose actors get `env` beside the platform's own actor environment."""
     import ray
 
     from grpo_ray.cluster.session import actor_env
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": actor_env()})
+             runtime_env={"env_vars": {**actor_env(), **env}})
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    with ray_started() as ray:
+        yield ray
 
 
 def ray_processes() -> list[str]:

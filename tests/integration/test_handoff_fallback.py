@@ -5,30 +5,18 @@ container without a usable /dev/shm would leave it), and the sync goes through g
 import numpy as np
 import pytest
 
-from grpo_ray.cluster.session import actor_env
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
+
+from .conftest import ray_started
 
 from .test_learner_and_sync import make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
 from .test_vllm_engine import start_pair
 
 
 @pytest.fixture(scope="module")
-def ray_without_shm(monkeypatch_module):
-    import ray
-
-    monkeypatch_module.setenv("GRPO_RAY_SHM_DIR", "/nonexistent-shm")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": actor_env()})
-    try:
+def ray_without_shm():
+    with ray_started(GRPO_RAY_SHM_DIR="/nonexistent-shm") as ray:
         yield ray
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
 
 
 def test_a_refused_handoff_falls_back_to_the_broadcast_in_one_line(ray_without_shm, step_batch):  # noqa: F811
