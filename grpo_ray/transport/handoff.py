@@ -74,34 +74,20 @@ class HandoffRing:
     @classmethod
     def create(cls, slot_bytes: int, device: torch.device, identity: str, host: bool = False) -> "HandoffRing":
         """Slots on `device` (whose device_identity() is `identity`), or with `host` (CUDA IPC refused)
-        in shared host memory even for a GPU sender, pinned so that its copies into them run at DMA speed."""
-        seed = int.from_bytes(os.urandom(4), "little")
-        pinned = False
+        in shared host memory even for a GPU sender, pinned so that its copies into them run at DMA
+        speed. Each starts with the check pattern of the handle's seed."""
         if device.type == "cuda" and not host:
-            from torch.multiprocessing.reductions import reduce_tensor
-
-            slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
-            handles = tuple(base64.b64encode(pickle.dumps(reduce_tensor(slot)[1])).decode() for slot in slots)
+            slots, handles = _cuda_slots(slot_bytes, device)
             kind = "cuda"
         else:
-            folder = shm_dir()
-            if not os.path.isdir(folder):
-                raise HandoffRefused(f"{folder} is not a directory (GRPO_RAY_SHM_DIR names the shared-memory folder)")
-            free = shutil.disk_usage(folder).free
-            if free < 2 * slot_bytes:
-                raise HandoffRefused(f"{folder} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
-                                     f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)")
-            handles = tuple(os.path.join(folder, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
-            slots = [_map_shm(path, slot_bytes, create=True) for path in handles]
+            slots, handles = _shm_slots(slot_bytes)
             kind, identity = "shm", host_identity()
-            pinned = device.type == "cuda" and _pin(slots)
-        pattern = check_pattern(seed, min(_CHECK_BYTES, slot_bytes)).to(slots[0].device)
+        ring = cls(slots, RingHandle(kind, slot_bytes, handles, identity, int.from_bytes(os.urandom(4), "little")))
+        ring.pinned = kind == "shm" and device.type == "cuda" and _pin(slots)
+        pattern = check_pattern(ring.handle.seed, min(_CHECK_BYTES, slot_bytes)).to(slots[0].device)
         for slot in slots:
             slot[: pattern.numel()].copy_(pattern)
-        if slots[0].device.type == "cuda":
-            torch.cuda.synchronize(device)
-        ring = cls(slots, RingHandle(kind, slot_bytes, handles, identity, seed))
-        ring.pinned = pinned
+        _settle(slots[0].device)
         return ring
 
     def slot(self, index: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
@@ -121,6 +107,27 @@ class HandoffRing:
             for slot in self.slots:
                 torch.cuda.cudart().cudaHostUnregister(slot.data_ptr())
         self.slots = []
+
+
+def _cuda_slots(slot_bytes: int, device: torch.device) -> tuple[list[torch.Tensor], tuple[str, str]]:
+    """Two slots in this GPU's memory and each one's CUDA IPC handle (torch's reduction of it)."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    slots = [torch.empty(slot_bytes, dtype=torch.uint8, device=device) for _ in range(2)]
+    return slots, tuple(base64.b64encode(pickle.dumps(reduce_tensor(slot)[1])).decode() for slot in slots)
+
+
+def _shm_slots(slot_bytes: int) -> tuple[list[torch.Tensor], tuple[str, str]]:
+    """Two slots in files of the shared-memory folder (shm_dir), mapped here, and the files' paths."""
+    folder = shm_dir()
+    if not os.path.isdir(folder):
+        raise HandoffRefused(f"{folder} is not a directory (GRPO_RAY_SHM_DIR names the shared-memory folder)")
+    free = shutil.disk_usage(folder).free
+    if free < 2 * slot_bytes:
+        raise HandoffRefused(f"{folder} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
+                             f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)")
+    paths = tuple(os.path.join(folder, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
+    return [_map_shm(path, slot_bytes, create=True) for path in paths], paths
 
 
 def _map_shm(path: str, num_bytes: int, create: bool = False) -> torch.Tensor:
