@@ -180,6 +180,19 @@ class ScoredSlice:
 
 
 @dataclass(frozen=True)
+class ScoredBatch:
+    """A batch of prompts rolled out and scored (cluster/rollout_service.py): every slice or chunk
+    with its row count and scores, in one order."""
+
+    refs: list  # RolloutSlice refs
+    rows: list[int]  # rows of each
+    scored: list[ScoredSlice]  # the scores of each
+    group_offset: int  # group id of the batch's first prompt within the step
+    streamed: bool = False  # chunks in finishing order: their rows go into group order (train/rows.batch_rows)
+    kept_groups: int | None = None  # streamed with dynamic sampling: the first groups kept, the rest aborted; None: all
+
+
+@dataclass(frozen=True)
 class LearnerShard:
     """What one learner rank trains on in one step, besides the slices passed as object refs.
 

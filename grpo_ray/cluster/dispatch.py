@@ -2,8 +2,9 @@
 
 A step's prompts are split evenly across the rollout workers, each returning one RolloutSlice ref
 per learner rank; each slice's rows are split evenly across the reward workers. A worker that died
-is found from the error of the call that waited on it (`CallFailed` carries it to the batch
-builder, which decides what to issue again); cluster/recovery.py brings it back.
+is found from the error of the call that waited on it (`CallFailed` carries it to the rollout
+service, cluster/rollout_service.py, which decides what to issue again); cluster/recovery.py
+brings it back. Called by: the rollout service, evaluation, the learners' update.
 
 Naming rule (from OpenRLHF): functions here that return object references end in `_refs`.
 """

@@ -4,7 +4,7 @@ Ray restarts a dead rollout or reward actor in its own placement-group bundle (t
 with `max_restarts = ray.max_actor_restarts` and no task retries: a retried `generate` would run
 on a fresh engine holding the initial weights). This module tells which worker died from the
 error, waits until Ray has it back, and brings a rollout worker to the current weights; what to
-re-issue is the batch builder's call (train/batch.py), since only it knows who held what.
+re-issue is the rollout service's call (cluster/rollout_service.py), since only it knows who held what.
 """
 
 from __future__ import annotations

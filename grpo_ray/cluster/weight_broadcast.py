@@ -1,4 +1,6 @@
-"""Orchestrate the weight broadcast: learner rank 0 -> every rollout worker, then prove it.
+"""Orchestrate the weight sync: learner rank 0 -> every rollout rank, then prove it.
+
+Next hop: inside the actors, transport/routes.py (each rank's seat: the hand-off or the broadcast).
 
 The ranks: learner rank 0 sends; each rollout worker takes one rank per entry of its
 `device_identity()`: one per vLLM tensor-parallel shard when the engine's own workers receive the

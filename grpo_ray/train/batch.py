@@ -1,25 +1,26 @@
-"""One step's training batch: rollout and scoring, then the batch-level techniques of the recipe.
+"""One step's training batch: the recipe's decisions on rolled-out, scored prompts.
 
     builder = BatchBuilder(cfg, workers, stream, recovery, policy_version=lambda: sync.version)
     batch = builder.next_batch(sampling, timer)   # StepBatch; batch.train is None: skip the step
     builder.prefetch(sampling, 1)                 # pipelined rollout: the next step's batch starts now
 
 In order, each a config switch:
-1. rollout + scoring of prompts_per_step prompts; with dynamic sampling (DAPO), more batches of
-   prompts until the step holds prompts_per_step groups with a reward spread, or the tries run out;
-2. rollout rescue (POLARIS): an all-failed group gets the prompt's kept correct response in place of
-   its first row;
-3. informative substitution (POLARIS): non-informative groups are overwritten by copies of
-   informative ones, or the batch is skipped.
+1. sample: prompts_per_step prompts drawn with their seed and handed to the rollout service
+   (cluster/rollout_service.py), which rolls them out, scores them and brings back any worker that
+   dies on the way, so the batch is the one an unhurt run draws;
+2. score and shape: the ScoredBatch's rows (train/rows.py), reward failures counted and the run
+   stopped when a function fails too often, rewards clipped and normalised;
+3. filter (DAPO dynamic sampling): more batches of prompts until the step holds prompts_per_step
+   groups with a reward spread, or the tries run out (a streamed rollout stops once it has them);
+4. rescue (POLARIS): an all-failed group gets the prompt's kept correct response in place of its
+   first row;
+5. substitute (POLARIS): non-informative groups are overwritten by copies of informative ones, or
+   the batch is skipped.
 Every generated row, trained on or not, updates the per-prompt ledger and the rescue buffer.
 Decisions are made on the small arrays of `StepRows`; token arrays stay in the object store.
-A rollout or reward worker that dies mid-batch is replaced (cluster/recovery.py) and only what it
-held is issued again, with the same sampling seed: the batch is the one an unhurt run draws.
 A batch started ahead (prefetch) was sampled by the weights the workers held then; its metrics say
 how many updates old they are (batch/staleness) and every row carries its policy version.
-Streamed (rollout.groups_per_chunk): the workers hand back groups as they finish and each is scored
-on arrival (train/streamed.py); the rows are then put in group order, and dynamic sampling stops
-the rollout once the groups in id order hold enough, so the batch is still the seed's.
+Next hop: train/update.py turns the step's rows into the learners' slices.
 """
 
 from __future__ import annotations
@@ -35,19 +36,17 @@ import numpy as np
 from grpo_ray.algo.filters import GroupAccumulator
 from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
-from grpo_ray.cluster.dispatch import (CallFailed, collect_scores, fetch, finished, generate_refs, reissue_lost_part,
-                                       rollout_owners, rollout_refs, score_tasks, wait_for)
+from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
-from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
-from grpo_ray.cluster.streams import StreamedRollout
+from grpo_ray.cluster.rollout_service import Flight, RolloutService
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.train.errors import RewardFailureError, RunStoppedError
-from grpo_ray.train.rows import KeptResponse, Overlong, StepRows, failure_counts, read_responses, shape_rewards
-from grpo_ray.train.streamed import drive, preview_rewards, streamed_rows
+from grpo_ray.train.rows import (KeptResponse, Overlong, StepRows, batch_rows, failure_counts, preview_rewards,
+                                 read_responses)
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
 
@@ -62,18 +61,11 @@ class StepBatch:
 
 @dataclass
 class Generation:
-    """One batch of prompts sent to the rollout workers, its scoring queued behind it; `finish`
-    waits for it. Pipelined rollout starts generations a step or more before they are needed."""
+    """A batch of prompts in flight (the rollout service's Flight) and the data cursor before it was
+    drawn (a checkpoint rewinds to it). Pipelined rollout starts generations a step or more ahead."""
 
-    prompts: list[Prompt]
-    sampling: SamplingSettings  # with this batch's seed
-    group_offset: int  # group id of its first prompt within the step
-    per_worker: list[list]  # per rollout worker, its RolloutSlice refs (one per learner rank)
-    rows_per_slice: int  # rows of each RolloutSlice
-    tasks: list  # per slice (rank-major order), its scoring calls
-    policy_version: int  # the weights the rollout workers hold when it was queued
-    cursor: dict  # the builder's data cursor before it was drawn (a checkpoint rewinds to it)
-    streamed: StreamedRollout | None = None  # rollout.groups_per_chunk: chunks in place of per_worker/tasks
+    flight: Flight
+    cursor: dict
 
 
 class BatchBuilder:
@@ -82,7 +74,7 @@ class BatchBuilder:
         self.cfg = cfg
         self.workers = workers
         self.stream = stream
-        self.recovery = recovery  # brings back a rollout or reward worker that died mid-step
+        self.service = RolloutService(cfg, workers, recovery)  # issue, wait, score, recover
         self.policy_version = policy_version  # the weights version the rollout workers hold now
         self.plan = plan_batches(cfg)
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
@@ -107,8 +99,7 @@ class BatchBuilder:
         """(batches started ahead, how many of them have finished generating), without waiting: read
         at the end of an update, what overlapped it. A streamed batch counts as generated once the
         builder has seen its last chunk."""
-        generated = sum(g.streamed.arrived if g.streamed is not None else finished(rank_major(g.per_worker))
-                        for g in self.pending)
+        generated = sum(self.service.generated(g.flight) for g in self.pending)
         return len(self.pending), generated
 
     def discard_pending(self) -> None:
@@ -117,8 +108,7 @@ class BatchBuilder:
         if self.pending:
             self._rewind(self.pending[0].cursor)
             for generation in self.pending:
-                if generation.streamed is not None:
-                    generation.streamed.cancel()
+                self.service.cancel(generation.flight)
             self.pending.clear()
 
     def next_batch(self, sampling: SamplingSettings, timer) -> StepBatch:
@@ -136,7 +126,7 @@ class BatchBuilder:
             with timer("rollout"):  # asking for the rollout is part of it (~2 ms of Ray calls)
                 generation = self._start(sampling, group_offset=0)
         while True:
-            versions.append(generation.policy_version)
+            versions.append(generation.flight.version)
             need = None if accumulator is None else accumulator.target_groups - accumulator.num_groups
             rows = self._finish(generation, refs, slice_rows, timer, need)
             generations.append(rows)
@@ -174,50 +164,27 @@ class BatchBuilder:
     # -- rollout and scoring ---------------------------------------------------------------------
 
     def _start(self, sampling: SamplingSettings, group_offset: int) -> Generation:
-        """Draw the next prompts and queue their rollout and scoring; nothing is waited for."""
-        workers = self.workers
+        """Draw the next prompts and their seed, and have them rolled out and scored; nothing is waited for."""
         cursor = self._cursor()
         prompts = self.stream.take(self.plan.prompts_per_step)
         self.batches_drawn += 1
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
-        if self.cfg.rollout.groups_per_chunk:
-            streamed = StreamedRollout(self.cfg, workers, prompts, sampling, group_offset, self.policy_version())
-            return Generation(prompts, sampling, group_offset, [], 0, [], self.policy_version(), cursor, streamed)
-        per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset,
-                                 self.policy_version())
-        rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
-        tasks = [score_tasks(workers, ref, rows_per_slice) for ref in rank_major(per_worker)]
-        return Generation(prompts, sampling, group_offset, per_worker, rows_per_slice, tasks, self.policy_version(), cursor)
+        return Generation(self.service.issue(prompts, sampling, group_offset, self.policy_version()), cursor)
 
     def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None = None) -> StepRows:
-        """Wait for a generation's rollout and scores; appends its slice refs to `refs` (and their
-        row counts to `slice_rows`), so the returned rows' sources index `refs`. need: the
+        """A generation's rows, once rolled out and scored (the rollout service); appends its slice refs
+        to `refs` (and their row counts to `slice_rows`), so the rows' sources index `refs`. need: the
         informative groups dynamic sampling still needs (a streamed rollout stops once it has them)."""
-        first_source = len(refs)
-        if generation.streamed is not None:
-            return self._finish_streamed(generation, refs, slice_rows, timer, need)
-        with timer("rollout"):  # the part of the rollout the step waits for
-            wait_for(rank_major(generation.per_worker), rollout_owners(generation.per_worker), self.cfg.weight_sync.timeout_s)
-        rows_per_slice = generation.rows_per_slice
-        with timer("reward"):
-            new_refs, scored = self._score_all(generation)
-            rewards, weights = shape_rewards(scored, generation.sampling.max_new_tokens, self.overlong)
-            rows = self._accepted(StepRows.from_scored(scored, rewards, weights, first_source), scored)
-        refs.extend(new_refs)
-        slice_rows.extend([rows_per_slice] * len(new_refs))
-        return rows
-
-    def _finish_streamed(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None) -> StepRows:
-        max_new_tokens = generation.sampling.max_new_tokens
+        flight = generation.flight
+        max_new_tokens = flight.sampling.max_new_tokens
         preview = partial(preview_rewards, max_new_tokens=max_new_tokens, overlong=self.overlong, clip=self.cfg.reward.clip)
-        cut = drive(generation.streamed, self.recovery, need, generation.policy_version, self.policy_version(), timer, preview)
-        # Groups dynamic sampling did not need: their requests were aborted, or finished unread.
-        self.unused_groups += 0 if cut is None else len(generation.prompts) - cut
+        batch = self.service.collect(flight, timer, self.policy_version(), need, preview)
+        if batch.kept_groups is not None:  # groups dynamic sampling did not need: aborted, or finished unread
+            self.unused_groups += len(flight.prompts) - batch.kept_groups
         with timer("reward"):
-            new_refs, sizes, rows, scored = streamed_rows(generation.streamed, cut, max_new_tokens, len(refs), self.overlong)
-            rows = self._accepted(rows, scored)
-        refs.extend(new_refs)
-        slice_rows.extend(sizes)
+            rows = self._accepted(batch_rows(batch, max_new_tokens, len(refs), self.overlong), batch.scored)
+        refs.extend(batch.refs)
+        slice_rows.extend(batch.rows)
         return rows
 
     def _accepted(self, rows: StepRows, scored: list[ScoredSlice]) -> StepRows:
@@ -230,41 +197,6 @@ class BatchBuilder:
         if self.shaper.active:
             rows = rows.with_rewards(self.shaper([rows.rewards], [rows.row_weights])[0])
         return rows
-
-    def _score_all(self, generation: Generation) -> tuple[list, list[ScoredSlice]]:
-        """Collect every slice's scores. A worker that died is replaced (WorkerRecovery) and only what
-        it held is issued again: a rollout worker's share of the prompts, with the same seed, and the
-        scoring of its slices; a reward worker's unfinished parts. Every prompt's group is then in
-        the batch exactly once, and nothing is scored twice."""
-        workers, per_worker, tasks, rows_per_slice = self.workers, generation.per_worker, generation.tasks, generation.rows_per_slice
-        refs = rank_major(per_worker)
-        scored: dict[int, ScoredSlice] = {}
-        while True:
-            try:
-                for i, slice_tasks in enumerate(tasks):
-                    if i not in scored:
-                        scored[i] = collect_scores(slice_tasks, self.cfg.reward.model.weight)
-                return refs, [scored[i] for i in range(len(refs))]
-            except CallFailed as failed:
-                if self.recovery is None:
-                    raise failed.cause from None
-                role, index = self.recovery.recover(failed.cause)
-            if role == "rollout":
-                share, offset = worker_share(generation.prompts, index, len(workers.rollouts))
-                per_worker[index] = self.recovery.reissue(
-                    generation.policy_version, self.policy_version(),
-                    lambda: generate_refs(workers.rollouts[index], share, generation.group_offset + offset,
-                                          generation.sampling, len(workers.learners), generation.policy_version))
-                refs = rank_major(per_worker)
-                for i in worker_positions(index, len(workers.rollouts), len(workers.learners)):
-                    tasks[i] = score_tasks(workers, refs[i], rows_per_slice)
-                    scored.pop(i, None)  # scores belong with the slice they were taken from
-                self.recovery.reissued_prompts += len(share)
-                self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
-            else:
-                parts = sum(reissue_lost_part(workers.rewards, tasks[i], index, refs[i], rows_per_slice)
-                            for i in range(len(tasks)) if i not in scored)
-                self.recovery.log(f"re-issued reward-{index}'s {parts} unfinished scoring calls")
 
     # -- dynamic sampling ------------------------------------------------------------------------
 

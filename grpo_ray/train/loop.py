@@ -12,10 +12,14 @@ batch pi_old = pi_theta (ratio 1 in value); with mu passes pi_old is the rollout
 Data flow per step (large arrays never pass through this process):
 
     prompts -> RolloutWorker x R --RolloutSlice refs--> RewardWorker x K -> small ScoredSlices
+            (issued, waited for and recovered by cluster/rollout_service.py: one ScoredBatch)
     driver: dynamic sampling, rescue, substitution on the small arrays (train/batch.py),
             the learners' slices assembled where the data is when rows changed (train/update.py)
     ReferenceWorker (KL) <- the learners' slice refs
     LearnerWorker x L <- its slice refs + advantages;  learner 0 --weights--> every RolloutWorker
+                                                       (cluster/weight_broadcast.py, transport/routes.py)
+
+Next hop from `_train_step`: train/batch.py (the step's batch), then train/update.py (the update).
 
 Stages (POLARIS) run one after the other on the same actors: the next stage starts from the
 weights the last one ended with; each is a nested MLflow run with its own model and ledger.
@@ -99,6 +103,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
             tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
             _report_placement(workers, tracker, console)
             run = Run(cfg, inputs, workers, tracker, console, fingerprint)
+            _report_sync(run.sync, console)
             if cfg.weight_sync.measure_raw_broadcast:
                 raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
                 tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
@@ -124,6 +129,16 @@ def _report_placement(workers, tracker: MlflowTracker, console: ConsoleReporter)
     for name, node in placed.items():
         by_node.setdefault(node, []).append(name)
     console.info("placement: " + "; ".join(f"{', '.join(names)} on node {node[:8]}" for node, names in by_node.items()))
+
+
+def _report_sync(sync, console: ConsoleReporter) -> None:
+    """How the weights will travel: what, how much, to how many ranks, which way (and any hand-off refused)."""
+    for note in sync.notes:
+        console.info(note)
+    what = "the LoRA adapter" if sync.adapter_only else "the weights"
+    receivers = sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
+    console.info(f"weight sync: {what} ({sync.num_bytes / 1e6:.2f} MB) to {receivers} "
+                 f"rank{'s' if receivers > 1 else ''}: {sync.route_line}")
 
 
 def _start(run: Run) -> Progress:

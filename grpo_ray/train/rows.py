@@ -9,6 +9,9 @@ learner rank's slice from its plan (`SliceAssembly`), next to the data. Pure num
     rows = rows.with_replacement(row, kept_response)                   # rollout rescue
     plans = rows.split(num_learner_ranks)                              # one SliceAssembly per rank
     batch = assemble_slice(plans[rank], [slices[i] for i in plans[rank].sources_used])
+
+Comes from: the rollout service's ScoredBatch (`batch_rows`). Next hop: train/update.py cuts the
+kept rows into each learner rank's payload.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from grpo_ray.algo.overlong import shape_overlong_rewards
-from grpo_ray.types import RolloutSlice, ScoredSlice
+from grpo_ray.algo.reward_shaping import clip_rewards
+from grpo_ray.types import RolloutSlice, ScoredBatch, ScoredSlice
 
 
 @dataclass(frozen=True)
@@ -284,6 +288,29 @@ def shape_rewards(scored: list[ScoredSlice], max_new_tokens: int, overlong: Over
         for s in scored
     ]
     return [r for r, _ in shaped], [w for _, w in shaped]
+
+
+def batch_rows(batch: ScoredBatch, max_new_tokens: int, first_source: int, overlong: Overlong) -> StepRows:
+    """A scored batch's rows, overlong treatment applied (the running shaping is the builder's); their
+    sources index its refs from `first_source` on. Streamed chunks arrive in finishing order: the rows
+    are put in group order (a group's in sample order), and only the groups dynamic sampling kept
+    stay, so the rows are the seed's whichever group finished first."""
+    rewards, weights = shape_rewards(batch.scored, max_new_tokens, overlong)
+    rows = StepRows.from_scored(batch.scored, rewards, weights, first_source)
+    if batch.streamed:
+        rows = rows.select(np.argsort(rows.group_ids, kind="stable"))
+    if batch.kept_groups is not None:
+        rows = rows.select(np.flatnonzero(rows.group_ids < batch.group_offset + batch.kept_groups))
+    return rows
+
+
+def preview_rewards(scored: ScoredSlice, max_new_tokens: int, overlong: Overlong,
+                    clip: tuple[float, float] | None) -> np.ndarray:
+    """The rewards dynamic sampling judges a streamed chunk by, before the batch is whole: overlong
+    treatment and clipping (reward.clip). Running normalisation is left out: an affine map with a
+    positive scale, it keeps equal rewards equal and different ones different."""
+    (rewards,), _ = shape_rewards([scored], max_new_tokens, overlong)
+    return clip_rewards(rewards, *clip) if clip is not None else rewards
 
 
 def failure_counts(scored: list[ScoredSlice]) -> tuple[dict[str, int], int, dict[str, str]]:

@@ -82,12 +82,6 @@ class Run:
                                       sleeps=self.cfg.rollout.vllm.sleep_level > 0)
         if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
             self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
-        what = "the LoRA adapter" if self.sync.adapter_only else "the weights"
-        receivers = self.sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
-        for note in self.sync.notes:
-            self.console.info(note)
-        self.console.info(f"weight sync: {what} ({self.sync.num_bytes / 1e6:.2f} MB) to {receivers} "
-                          f"rank{'s' if receivers > 1 else ''}: {self.sync.route_line}")
         self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

@@ -8,6 +8,9 @@
 Rank r trains on the r-th contiguous cut of the rows. When that cut is whole rollout slices, in
 order, the learner fetches them as they are; otherwise (rows were dropped, copied or replaced) a
 small task assembles the rank's slice next to the data first.
+
+Next hop: the learners' call (cluster/roles.py `Workers.update`, actors/learner.py `train_step`),
+then the weight sync (cluster/weight_broadcast.py).
 """
 
 from __future__ import annotations

@@ -72,6 +72,7 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
 
 
 def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
+    from grpo_ray.cluster.rollout_service import Flight
     from grpo_ray.train.batch import Generation
     from grpo_ray.types import SamplingSettings
 
@@ -80,8 +81,8 @@ def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
     b.batches_drawn = 1
     before = json.loads(json.dumps(b.state_dict()))
     # What prefetch does for the next step: note the cursor, draw the prompts and a seed.
-    b.pending.append(Generation(prompts=b.stream.take(2), sampling=SamplingSettings(2, 5, 1.0), group_offset=0,
-                                per_worker=[], rows_per_slice=4, tasks=[], policy_version=1, cursor=before_cursor(before)))
+    b.pending.append(Generation(Flight(prompts=b.stream.take(2), sampling=SamplingSettings(2, 5, 1.0), group_offset=0,
+                                       version=1, rows_per_slice=4), cursor=before_cursor(before)))
     b.batches_drawn += 1
     # A checkpoint now holds the cursor from before the batch in flight: a resume draws it again.
     assert b.state_dict()["stream"] == before["stream"] and b.state_dict()["batches_drawn"] == 1
