@@ -354,10 +354,10 @@ def markdown(f: dict) -> str:
         "| | value |",
         "|---|---:|",
         f"| weight sync | {num(f['sync_gbps'], '{:.3f}')} GB/s |",
-        f"| plain broadcast of the same bytes, same processes | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
+        f"| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, a plain copy on the device) | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
         f"| weight sync of a {f['sync_wide']['megabytes']:.0f} MB model in a run (wide random Qwen2, 64 MB buckets; median of "
         f"{f['sync_wide']['syncs']} syncs) | {f['sync_wide']['sync_gbps']:.3f} GB/s |",
-        f"| plain broadcast of the same bytes, same processes | {f['sync_wide']['raw_broadcast_gbps']:.3f} GB/s |",
+        f"| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, a plain copy on the device) | {f['sync_wide']['raw_broadcast_gbps']:.3f} GB/s |",
         f"| weight sync / plain broadcast: tiny model, {f['sync_wide']['megabytes']:.0f} MB model "
         f"| {f['sync_gbps'] / f['raw_broadcast_gbps']:.0%}, {f['sync_wide']['fraction']:.0%} |",
         f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
