@@ -300,7 +300,8 @@ class LearnerWorker:
     def host_weight_sync(self, broadcast_seat: Seat | None, handoff_seat: Seat | None) -> None:
         """Rank 0 only: host the sync's groups (the broadcast's, the hand-off's signals) as their rank 0."""
         if handoff_seat is None and self._ring is not None:  # no receiver takes it: free its memory
-            self._ring, _ = None, self._ring.close()
+            self._ring.close()
+            self._ring = None
         self._sync_routes = SendRoutes.host(broadcast_seat, handoff_seat, self._ring if handoff_seat else None)
 
     def raw_broadcast(self, num_bytes: int) -> float:

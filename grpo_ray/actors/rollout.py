@@ -18,9 +18,9 @@ import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.algo.diversity import group_distinct_ratio
-from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, device_identity, timed_raw_broadcast
+from grpo_ray.transport.broadcast import ReceiveTally, device_identity
 from grpo_ray.transport.handoff import HandoffReceiver, RingHandle, check_ring
-from grpo_ray.transport.routes import BucketSource, Seat, join_seat, receive_buckets, receive_into
+from grpo_ray.transport.routes import BucketSource, Seat, join_seat, receive_buckets, receive_into, timed_receive
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
 from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
@@ -188,9 +188,7 @@ class RolloutWorker:
         None for a rank that takes the hand-off."""
         if self._shards_receive:
             return self._engine_call(self.engine.raw_broadcast, num_bytes)
-        if not isinstance(self._group, BroadcastGroup):
-            return None
-        return timed_raw_broadcast(self._group, num_bytes)
+        return timed_receive(self._group, num_bytes)
 
     def drop_bucket_in_next_sync(self, shard: int, bucket: int) -> None:
         """Fault drill (tests): in the next sync, vLLM shard `shard` neither loads nor counts `bucket`."""

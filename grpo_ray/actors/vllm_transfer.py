@@ -30,16 +30,9 @@ from grpo_ray.actors.vllm_compat import (
     register_weight_transfer_engine,
     start_layerwise_load,
 )
-from grpo_ray.transport.broadcast import (
-    BroadcastGroup,
-    ReceiveTally,
-    bucket_tensors,
-    device_identity,
-    send_buckets,
-    timed_raw_broadcast,
-)
+from grpo_ray.transport.broadcast import ReceiveTally, bucket_tensors, device_identity, send_buckets
 from grpo_ray.transport.handoff import RingHandle, check_ring
-from grpo_ray.transport.routes import BucketSource, Seat, arriving, join_seat
+from grpo_ray.transport.routes import BucketSource, Seat, arriving, join_seat, timed_receive
 from grpo_ray.types import WeightSpec
 
 BACKEND = "grpo_ray"
@@ -131,8 +124,7 @@ class GrpoWorkerExtension:
     def grpo_raw_broadcast(self, num_bytes: int) -> float | None:
         """This shard's side of the learner's plain broadcast of num_bytes (the sync's yardstick);
         None for a shard that takes the hand-off."""
-        group = self.weight_transfer_engine.group
-        return timed_raw_broadcast(group, num_bytes) if isinstance(group, BroadcastGroup) else None
+        return timed_receive(self.weight_transfer_engine.group, num_bytes)
 
     def grpo_device_identity(self) -> str:
         """This shard's device (for the sync's choice of routes and backend)."""
@@ -140,7 +132,7 @@ class GrpoWorkerExtension:
 
     def grpo_check_handoff(self, ring: dict) -> str | None:
         """None if this shard can receive through learner rank 0's hand-off ring, else why not."""
-        return check_ring(RingHandle(**{**ring, "handles": tuple(ring["handles"])}), device_identity())
+        return check_ring(RingHandle.from_dict(ring), device_identity())
 
 
 register_weight_transfer_engine(BACKEND, BucketWeightTransferEngine)

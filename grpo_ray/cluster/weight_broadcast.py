@@ -165,26 +165,24 @@ class WeightBroadcaster:
 
     def sync(self, version: int, probe: Probe | None, probe_tolerance: float) -> SyncResult:
         self.target = version
-        woken = time.perf_counter()
-        self._wake(["weights"])
-        woken = time.perf_counter() - woken
+        woken = self._wake(["weights"])
         sent, received = self._broadcast(version, in_flight=self.during_generation)
-        started = time.perf_counter()
-        self._wake(["kv_cache"])  # before the probe: scoring it needs the cache
-        woken += time.perf_counter() - started
+        woken += self._wake(["kv_cache"])  # before the probe: scoring it needs the cache
         self.syncs += 1
         self.version = version
         diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         landed = len({r.who.split(" ")[0] for r in received if r.during_generation})
         self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff,
-                               during_generation=landed, wake_seconds=woken if self.sleeps else 0.0)
+                               during_generation=landed, wake_seconds=woken)
         return self.last
 
-    def _wake(self, tags: list[str]) -> None:
-        """Sleeping rollout engines take back the memory of `tags` (rollout.vllm.sleep_level)."""
+    def _wake(self, tags: list[str]) -> float:
+        """Sleeping rollout engines take back the memory of `tags` (rollout.vllm.sleep_level); the
+        seconds it took (0 when they never sleep)."""
         if not self.sleeps:
-            return
+            return 0.0
+        started = time.perf_counter()
         try:
             ray.get([worker.wake.remote(tags) for worker in self.rollouts], timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -192,6 +190,7 @@ class WeightBroadcaster:
                                   f"{self.timeout_s:g} s (weight_sync.timeout_s)") from None
         except ray.exceptions.RayError as err:
             raise WeightSyncError(f"waking the rollout engines' {' and '.join(tags)} failed: {error_line(err)}") from None
+        return time.perf_counter() - started
 
     def with_kept_weights(self, version: int, issue: Callable[[], T]) -> T:
         """`issue()` while every rollout worker holds the weights of `version`, which learner rank 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import socket
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +67,11 @@ def spec_bytes(spec: WeightSpec) -> int:
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
+
+
+def bucket_layout(specs: list[WeightSpec], bucket: list[int]) -> tuple[torch.dtype, int]:
+    """(dtype, elements) of one bucket's flat tensor."""
+    return _dtype(specs[bucket[0]].dtype), sum(specs[i].numel for i in bucket)
 
 
 CPU_DEVICE = "cpu:"
@@ -186,21 +191,27 @@ class BroadcastGroup:
         return self.group.broadcast([tensor])
 
 
+def best_seconds(run: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Seconds of `run()` on `device`, the best of `repeats`, after one untimed call (the first
+    connects a group's pairs, or touches a buffer's pages)."""
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def timed_raw_broadcast(group: BroadcastGroup, num_bytes: int, repeats: int = 3) -> float:
     """Seconds of one plain broadcast of `num_bytes` in this group (the best of `repeats`), every
     rank calling it at once: the yardstick a weight sync of the same bytes is measured against."""
     buffer = torch.zeros(num_bytes, dtype=torch.uint8, device=group.device)
-    group.broadcast(buffer)  # the first one connects the pairs: not timed
-    best = float("inf")
-    for _ in range(repeats):
-        if group.device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        group.broadcast(buffer)
-        if group.device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - started)
-    return best
+    return best_seconds(lambda: group.broadcast(buffer), group.device, repeats)
 
 
 def send_buckets(
@@ -345,7 +356,7 @@ def arriving_buckets(
 
     def post(index: int):
         bucket = buckets[index]
-        dtype, numel = _dtype(specs[bucket[0]].dtype), sum(specs[i].numel for i in bucket)
+        dtype, numel = bucket_layout(specs, bucket)
         flat = torch.empty(numel, dtype=dtype, device=group.device) if fresh else group.scratch(dtype, numel, index % 2)
         return group.broadcast_async(flat), flat
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_ray.transport.broadcast import BroadcastGroup, _dtype, host_identity
+from grpo_ray.transport.broadcast import BroadcastGroup, bucket_layout, host_identity
 from grpo_ray.types import WeightSpec
 
 SHM_DIR = "/dev/shm"  # where a CPU ring's files go; GRPO_RAY_SHM_DIR names another tmpfs (a container's /dev/shm may be 64 MB)
@@ -56,6 +56,11 @@ class RingHandle:
     handles: tuple[str, str]  # shm: the two files; cuda: each slot's reduce_tensor arguments, pickled, base64
     device: str  # cuda: the sender's GPU (device_identity), which a receiver opens on its own index of it; shm: its host
     seed: int  # of the check pattern
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "RingHandle":
+        """The handle again from its plain fields (dataclasses.asdict; the handles may come back a list)."""
+        return cls(**{**fields, "handles": tuple(fields["handles"])})
 
 
 def check_pattern(seed: int, num_bytes: int) -> torch.Tensor:
@@ -248,10 +253,7 @@ class HandoffReceiver:
         """Yield (index, flat) of each bucket as the sender posts it: a view of its slot, valid until
         the bucket after the next is asked for (as the broadcast's scratch buffers), or with `fresh`
         a copy of its own. Run it to the end: its last steps tell the sender the ring is free."""
-        shapes = []
-        for bucket in buckets:
-            shapes.append((_dtype(specs[bucket[0]].dtype), sum(specs[i].numel for i in bucket)))
-        return self.arriving_shapes(shapes, fresh)
+        return self.arriving_shapes([bucket_layout(specs, bucket) for bucket in buckets], fresh)
 
     def arriving_shapes(self, shapes: list[tuple[torch.dtype, int]], fresh: bool = False
                         ) -> Iterator[tuple[int, torch.Tensor]]:

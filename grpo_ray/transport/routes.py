@@ -9,14 +9,14 @@ the learner and rollout actors call these functions. Nothing here imports Ray.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
 
 from grpo_ray.transport import broadcast
-from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, bucket_checksum, bucket_tensors, send_buckets
+from grpo_ray.transport.broadcast import (BroadcastGroup, ReceiveTally, bucket_checksum, bucket_layout, bucket_tensors,
+                                         send_buckets)
 from grpo_ray.transport.handoff import HandoffReceiver, HandoffRing, HandoffSender, RingHandle, open_ring
 from grpo_ray.types import WeightSpec
 
@@ -41,7 +41,7 @@ class Seat:
     @classmethod
     def from_dict(cls, fields: dict) -> "Seat":
         ring = fields.get("ring")
-        return cls(**{**fields, "ring": RingHandle(**{**ring, "handles": tuple(ring["handles"])}) if ring else None})
+        return cls(**{**fields, "ring": RingHandle.from_dict(ring) if ring else None})
 
 
 BucketSource = BroadcastGroup | HandoffReceiver
@@ -95,17 +95,13 @@ def timed_copy(num_bytes: int, device: torch.device, repeats: int = 3) -> float:
     hand-off of those bytes could reach (it packs and copies each bucket once, the two overlapped)."""
     source = torch.zeros(num_bytes, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
-    best = float("inf")
-    for attempt in range(repeats + 1):  # the first touches the pages: not timed
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        target.copy_(source)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if attempt:
-            best = min(best, time.perf_counter() - started)
-    return best
+    return broadcast.best_seconds(lambda: target.copy_(source), device, repeats)
+
+
+def timed_receive(source: BucketSource, num_bytes: int) -> float | None:
+    """A receiving rank's side of the yardstick (SendRoutes.raw_seconds): its part in the plain
+    broadcast, or None for a hand-off rank (the sender times that copy alone)."""
+    return broadcast.timed_raw_broadcast(source, num_bytes) if isinstance(source, BroadcastGroup) else None
 
 
 def send_routed(routes: SendRoutes, tensors: Iterable[torch.Tensor], specs: list[WeightSpec],
@@ -122,9 +118,9 @@ def send_routed(routes: SendRoutes, tensors: Iterable[torch.Tensor], specs: list
     iterator = iter(tensors)
     checksum, sent, works = 0, 0, []
     for index, bucket in enumerate(buckets):
-        dtype = getattr(torch, specs[bucket[0]].dtype)
+        dtype, numel = bucket_layout(specs, bucket)
         parts = [next(iterator).detach() for _ in bucket]
-        flat = routes.handoff.place(index, dtype, sum(part.numel() for part in parts))
+        flat = routes.handoff.place(index, dtype, numel)
         if index >= 2 and works[index - 2] is not None:
             works[index - 2].wait()
         offset = 0
