@@ -3,9 +3,14 @@
 # is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
-#   bash benchmarks/gpu_session.sh PART...   (PART: tests | tiny | e2e | sync | turns; default the first three)
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | tiny | e2e | sync | turns | learner | handoff;
+#   default the first three)
 # sync: the same-device hand-off (CUDA IPC) against gloo for Qwen2.5-0.5B's 1.26 GB (target <= 0.1 s);
-# turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined.
+# turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined;
+# learner: the update of the 0.5B shape on a long-tailed mix (prompt 128, most completions <= 256 tokens,
+#   1 in 8 up to 1,024), rows as today against packing + token budget, full fine-tuning and LoRA r16;
+# handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off.
+# Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run).
 # Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -16,27 +21,43 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, vllm, ray, deepspeed, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 for part in $PARTS; do
   started=$(date +%s)
+  limit_var=T_$part
+  limit=${!limit_var:-}
   case $part in
     tests)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/actors/test_vllm_transfer.py \
-        tests/unit/transport/test_probe.py 2>&1 | tail -15 | tee "$OUT/tests.log" ;;
+      # vLLM's sleep tests last: they start engines, the slowest part of a short lease.
+      timeout ${limit:-240} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_cuda.py tests/gpu/test_cuda_paths.py \
+        tests/gpu/test_packing_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
+        tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     tiny)
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
-      timeout 330 python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
+      timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
         --new-tokens 5 --micro-batch 128 --probe-every 1 --probe-tolerance 1e-3 --stall-seconds 60 \
         --work /tmp/e2e-tiny --json "$OUT/gpu_e2e_tiny.json" 2>&1 | tail -30 | tee "$OUT/tiny.log"
       tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
     e2e)
-      timeout 540 python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
+      timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
         --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tail -40 | tee "$OUT/e2e.log"
       tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
     sync)
-      timeout 420 python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
+      timeout ${limit:-420} python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
         --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tail -5 | tee "$OUT/sync.log" ;;
     turns)
-      timeout 570 python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
+      timeout ${limit:-570} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
         --modes on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,pipelined --work /tmp/e2e-turns \
         --json "$OUT/gpu_e2e_turns.json" 2>&1 | tail -30 | tee "$OUT/turns.log" ;;
+    learner)
+      for lora in 0 16; do
+        timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \
+          --rows 128 --samples 8 --micro-batch 16 --max-tokens 16384 --prompt-tokens 128 --short-tokens 256 \
+          --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora \
+          --variants "rows (today),packing + token budget" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
+          | grep -v Warning | tail -8 | tee -a "$OUT/learner.log"
+      done ;;
+    handoff)
+      timeout ${limit:-480} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 6 --warmup 2 --stall-seconds 60 \
+        --modes ${HANDOFF_MODES:-on-policy,pipelined} --work /tmp/e2e-handoff --json "$OUT/gpu_e2e_handoff.json" 2>&1 | tail -30 | tee "$OUT/handoff.log"
+      tar -C /tmp/e2e-handoff -czf "$OUT/handoff-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
   esac
   echo "== $part: $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
 done
