@@ -1,0 +1,10 @@
+"""GPU tests run inside a lent machine's short lease, where a part's time limit can end pytest
+before its summary: a failure's report is printed the moment the test fails, not only at the end
+(on 2026-11-26 a sleep-mode failure's reason was lost that way)."""
+
+import sys
+
+
+def pytest_runtest_logreport(report):
+    if report.failed:
+        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n---", file=sys.stderr, flush=True)
