@@ -12,7 +12,8 @@
 #   1 in 8 up to 1,024), rows as today against packing + token budget, full fine-tuning and LoRA r16;
 # handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off
 #   (HANDOFF_MODES=pipelined for one; on an H200 the on-policy run took 150 s, start included).
-# Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run).
+# Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run);
+# each log is written whole as it goes (a call's limit keeps what was written), and at most 8 files come back a call.
 # Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -38,30 +39,30 @@ for part in $PARTS; do
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
       timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
         --new-tokens 5 --micro-batch 128 --probe-every 1 --probe-tolerance 1e-3 --stall-seconds 60 \
-        --work /tmp/e2e-tiny --json "$OUT/gpu_e2e_tiny.json" 2>&1 | tail -30 | tee "$OUT/tiny.log"
+        --work /tmp/e2e-tiny --json "$OUT/gpu_e2e_tiny.json" 2>&1 | tee "$OUT/tiny.log" | tail -30
       tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
     e2e)
       timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
-        --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tail -40 | tee "$OUT/e2e.log"
+        --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tee "$OUT/e2e.log" | tail -40
       tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
     sync)
       timeout ${limit:-420} python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
-        --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tail -5 | tee "$OUT/sync.log" ;;
+        --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tee "$OUT/sync.log" | tail -5 ;;
     turns)
       timeout ${limit:-570} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
         --modes on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,pipelined --work /tmp/e2e-turns \
-        --json "$OUT/gpu_e2e_turns.json" 2>&1 | tail -30 | tee "$OUT/turns.log" ;;
+        --json "$OUT/gpu_e2e_turns.json" 2>&1 | tee "$OUT/turns.log" | tail -30 ;;
     learner)
       for lora in 0 16; do
         timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \
           --rows 128 --samples 8 --micro-batch 16 --max-tokens 16384 --prompt-tokens 128 --short-tokens 256 \
           --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora \
           --variants "rows (today),packing + token budget" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
-          | grep -v Warning | tail -8 | tee -a "$OUT/learner.log"
+          | tee -a "$OUT/learner.log" | grep -v Warning | tail -8
       done ;;
     handoff)
       timeout ${limit:-480} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 6 --warmup 2 --stall-seconds 60 \
-        --modes ${HANDOFF_MODES:-on-policy,pipelined} --work /tmp/e2e-handoff --json "$OUT/gpu_e2e_handoff.json" 2>&1 | tail -30 | tee "$OUT/handoff.log"
+        --modes ${HANDOFF_MODES:-on-policy,pipelined} --work /tmp/e2e-handoff --json "$OUT/gpu_e2e_handoff.json" 2>&1 | tee "$OUT/handoff.log" | tail -30
       tar -C /tmp/e2e-handoff -czf "$OUT/handoff-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
   esac
   echo "== $part: $(( $(date +%s) - started )) s" | tee -a "$OUT/gpu.txt"
