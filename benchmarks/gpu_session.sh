@@ -9,17 +9,23 @@
 # sync: the same-device hand-off (CUDA IPC) against gloo for Qwen2.5-0.5B's 1.26 GB (target <= 0.1 s);
 # turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined;
 # learner: the update of the 0.5B shape on a long-tailed mix (prompt 128, most completions <= 256 tokens,
-#   1 in 8 up to 1,024), rows as today against packing + token budget, full fine-tuning and LoRA r16;
+#   1 in 8 up to 1,024), rows as today against packing + token budget (and with liger's fused head),
+#   full fine-tuning and LoRA r16 (T_learner=240 at least: each variant's process builds the model);
 # handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off
 #   (HANDOFF_MODES=pipelined for one; on an H200 the on-policy run took 150 s, start included).
 # Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run);
 # each log is written whole as it goes (a call's limit keeps what was written), and at most 8 files come back a call.
 # Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
+# liger-kernel (learner.logprob_kernel: liger) is not in the overlay: its wheel, carried as
+# .gpu-overlay/liger_kernel-*.whl (pip download --no-deps liger-kernel==0.8.5), goes into /tmp/site here.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-cache} PYTHONUNBUFFERED=1
 PARTS=${*:-tests tiny e2e}
+for wheel in .gpu-overlay/liger_kernel-*.whl; do
+  [ -f "$wheel" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" 2>&1 | tail -1
+done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, vllm, ray, deepspeed, transformers; print('torch', torch.__version__, 'vllm', vllm.__version__, 'ray', ray.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 for part in $PARTS; do
@@ -30,7 +36,7 @@ for part in $PARTS; do
     tests)
       # vLLM's sleep tests last: they start engines, the slowest part of a short lease.
       timeout ${limit:-240} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_cuda.py tests/gpu/test_cuda_paths.py \
-        tests/gpu/test_packing_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
+        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
       timeout ${limit:-200} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/sleep.log" \
@@ -57,7 +63,7 @@ for part in $PARTS; do
         timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \
           --rows 128 --samples 8 --micro-batch 16 --max-tokens 16384 --prompt-tokens 128 --short-tokens 256 \
           --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora \
-          --variants "rows (today),packing + token budget" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
+          --variants "rows (today),packing + token budget,packing + token budget + liger" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
           | tee -a "$OUT/learner.log" | grep -v Warning | tail -8
       done ;;
     handoff)

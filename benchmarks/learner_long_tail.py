@@ -51,6 +51,8 @@ VARIANTS = {
     "token budget": {"max_tokens_per_micro_batch": None},
     "packing": {"packing": True},
     "packing + token budget": {"packing": True, "max_tokens_per_micro_batch": None},
+    # liger-kernel's fused LM head (GPU only: on a CPU the learner says so and takes the torch path).
+    "packing + token budget + liger": {"packing": True, "max_tokens_per_micro_batch": None, "logprob_kernel": "liger"},
 }
 
 

@@ -25,12 +25,7 @@ from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.algo.schedules import LrSegment, schedule_lr
-from grpo_ray.transport.broadcast import (
-    bucket_storage,
-    device_identity,
-    plan_buckets,
-    tied_aliases,
-)
+from grpo_ray.transport.broadcast import bucket_storage, device_identity, plan_buckets, tied_aliases
 from grpo_ray.transport.handoff import HandoffRing, RingHandle
 from grpo_ray.transport.kept import KeptWeights
 from grpo_ray.transport.routes import Seat, SendRoutes, send_routed
@@ -44,6 +39,7 @@ from grpo_ray.models.loading import (
     tensor_of,
     weight_specs,
 )
+from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
@@ -89,6 +85,7 @@ class LearnerSettings:
     initial_scale_power: int = 16
     loss_scale_window: int = 1000
     logprob_chunk_tokens: int = 0
+    logprob_kernel: str = "torch"
     packing: bool = False
     max_tokens_per_micro_batch: int = 0
 
@@ -139,6 +136,7 @@ class LearnerWorker:
             ) from None
         self.engine.checkpoint_engine = _safe_checkpoint_engine()
         self.tokenizer = load_tokenizer(s.tokenizer_path)
+        self.logprob_kernel = chosen_logprob_kernel(s.logprob_kernel, self.engine, say=self.rank == 0)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -217,7 +215,9 @@ class LearnerWorker:
             packing=s.packing,
             # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
             share_prompts=s.share_prompts and not s.gradient_checkpointing,
-            chunk_tokens=s.logprob_chunk_tokens, with_entropy=True, entropy_grad=s.entropy_coef != 0,
+            chunk_tokens=s.logprob_chunk_tokens, kernel=self.logprob_kernel,
+            # liger's fused head computes no entropy: no actor/entropy then (config refuses entropy_coef).
+            with_entropy=self.logprob_kernel == "torch", entropy_grad=s.entropy_coef != 0,
         )
         if first_pass:
             learner_old[index] = logprobs.detach()

@@ -15,6 +15,7 @@ import torch
 
 from grpo_ray.algo.kl import sequence_kl
 from grpo_ray.algo.micro_batches import plan_micro_batches
+from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.loading import compute_device, load_causal_lm, load_named_weights, tensor_of
 from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.types import RolloutSlice
@@ -22,15 +23,17 @@ from grpo_ray.types import RolloutSlice
 
 class ReferenceWorker:
     def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1, chunk_tokens: int = 0,
-                 packing: bool = False, max_tokens_per_micro_batch: int = 0):
+                 packing: bool = False, max_tokens_per_micro_batch: int = 0, logprob_kernel: str = "torch"):
         """chunk_tokens: LM-head positions per chunk (learner.logprob_chunk_tokens); 0: full logits.
-        packing, max_tokens_per_micro_batch: the learner's (algo.micro_batches, models.packing)."""
+        packing, max_tokens_per_micro_batch, logprob_kernel: the learner's (algo.micro_batches,
+        models.packing, models.liger_logprobs)."""
         torch.set_num_threads(torch_threads)
         self.chunk_tokens = chunk_tokens
         self.model = load_causal_lm(model_path, dtype).to(compute_device()).eval()
         self.micro_batch_size = micro_batch_size
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.logprob_kernel = chosen_logprob_kernel(logprob_kernel, self.model, say=True)
 
     def ready(self) -> str:
         return "reference"
@@ -48,7 +51,7 @@ class ReferenceWorker:
                 tensor_of(batch.attention_mask[rows]),
                 tensor_of(batch.completion_mask[rows]),
                 temperature,
-                packing=self.packing, share_prompts=True, chunk_tokens=self.chunk_tokens,
+                packing=self.packing, share_prompts=True, chunk_tokens=self.chunk_tokens, kernel=self.logprob_kernel,
             )
             out[rows] = logprobs.float().cpu().numpy()
         return (out * batch.completion_mask).astype(np.float32)

@@ -152,7 +152,8 @@ def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resource
     return spawn(
         ReferenceWorker, placement, "reference", 0, resources,
         cfg.reference.model_path or cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads,
-        cfg.learner.logprob_chunk_tokens, cfg.learner.packing, cfg.learner.max_tokens_per_micro_batch, name="reference",
+        cfg.learner.logprob_chunk_tokens, cfg.learner.packing, cfg.learner.max_tokens_per_micro_batch,
+        cfg.learner.logprob_kernel, name="reference",
     )
 
 

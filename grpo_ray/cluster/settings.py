@@ -51,6 +51,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         initial_scale_power=lr.initial_scale_power,
         loss_scale_window=lr.loss_scale_window,
         logprob_chunk_tokens=lr.logprob_chunk_tokens,
+        logprob_kernel=lr.logprob_kernel,
         packing=lr.packing,
         max_tokens_per_micro_batch=lr.max_tokens_per_micro_batch,
     )

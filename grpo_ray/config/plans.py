@@ -178,6 +178,7 @@ def check_config(cfg: Config) -> None:
     if cfg.learner.zero_stage == 3 and cfg.model.lora.enabled:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
     _check_reference_and_quantization(cfg)
+    _check_logprob_kernel(cfg)
     _check_placement(cfg)
     from grpo_ray.config.training_plan import check_training  # it imports this module
 
@@ -202,6 +203,18 @@ def _check_reference_and_quantization(cfg: Config) -> None:
     if cfg.model.quantization is not None and ref.refresh_every:
         raise ConfigError("reference.refresh_every: the policy's base is quantised and cannot be copied into the "
                           "reference; set it to 0 with model.quantization")
+
+
+def _check_logprob_kernel(cfg: Config) -> None:
+    """learner.logprob_kernel: liger, which computes log-probs only, on the learners' GPUs."""
+    if cfg.learner.logprob_kernel != "liger":
+        return
+    if cfg.algorithm.entropy_coef != 0:
+        raise ConfigError("learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef "
+                          f"{cfg.algorithm.entropy_coef:g} needs it; set logprob_kernel: torch or entropy_coef: 0")
+    if cfg.learner.num_gpus == 0:
+        raise ConfigError("learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0; "
+                          "set logprob_kernel: torch")
 
 
 def _check_sleep(cfg: Config) -> None:

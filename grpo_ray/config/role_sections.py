@@ -332,6 +332,13 @@ class LearnerConfig(_RoleSection):
     # built whole; backward recomputes each chunk. Same numbers to float rounding. Qwen's 152K
     # vocabulary: 512 positions are ~0.3 GB of float32 per tensor alive. 0: the full logits.
     logprob_chunk_tokens: int = Field(512, ge=0)
+    # How the LM head's softmax runs for those log-probs: "torch" (the chunked path above), or
+    # "liger": liger-kernel's fused linear cross-entropy (Triton, CUDA only; liger-kernel >= 0.8.2),
+    # one pass over each chunk's logits instead of several. It computes no entropy: the learner
+    # logs no actor/entropy and algorithm.entropy_coef must be 0. Where it cannot run (a CPU, a
+    # LoRA-wrapped head, ZeRO-3, an architecture whose logits are not lm_head(hidden)) the torch
+    # path runs, said in one line. Same log-probs to float rounding (models/liger_logprobs.py).
+    logprob_kernel: Literal["torch", "liger"] = "torch"
     # Pack each micro-batch's sequences end to end (position ids restart per sequence, attention
     # stays within each), so no compute goes to padding: same log-probs, entropies and gradients to
     # float rounding (models/packing.py). The learner and the reference; takes share_prompts' place.

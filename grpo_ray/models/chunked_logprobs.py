@@ -35,19 +35,22 @@ def head_logprobs(
     with_entropy: bool,
     entropy_grad: bool,
     chunk_tokens: int,
+    kernel: str = "torch",
 ) -> tuple[Tensor, Tensor | None]:
     """Run `model(**forward)` and return the log-probs [N, L] (and entropies with `with_entropy`)
     of `target_ids` [N, L], position j of the output predicting target j (the output's last
     position predicts nothing). The one place both the learner and the reference turn a forward
-    into log-probs. `chunk_tokens` 0, or a model `plain_lm_head` refuses: the full logits."""
-    head = plain_lm_head(model) if chunk_tokens > 0 else None
+    into log-probs. `chunk_tokens` 0 (with the torch kernel), or a model `plain_lm_head` refuses:
+    the full logits. `kernel` "liger": liger-kernel's fused head (models.liger_logprobs), no entropy."""
+    head = _head_for(model, chunk_tokens, kernel)
     if head is None:
         return _logits_stats(model(**forward).logits[:, :-1], target_ids, temperature, with_entropy, entropy_grad)
     rows, width = target_ids.shape
     # The decoder ran on every position (logits_to_keep only trims the head): keep those the head would have.
     hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
     flat = hidden.reshape(rows * width, hidden.shape[-1])
-    logprobs, entropy = _head_stats(head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad)
+    logprobs, entropy = _head_stats(
+        head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad, kernel)
     return logprobs.view(rows, width), (None if entropy is None else entropy.view(rows, width))
 
 
@@ -60,22 +63,36 @@ def logprobs_at(
     with_entropy: bool,
     entropy_grad: bool,
     chunk_tokens: int,
+    kernel: str = "torch",
 ) -> tuple[Tensor, Tensor | None]:
     """head_logprobs for a one-row forward (a packed micro-batch): the log-probs [M] (and entropies)
     of `target_ids` [M], predicted by the outputs at `positions` [M]. The LM head runs on those
     positions only (Hugging Face's logits_to_keep takes an index tensor), chunked as head_logprobs."""
-    head = plain_lm_head(model) if chunk_tokens > 0 else None
+    head = _head_for(model, chunk_tokens, kernel)
     if head is None:
         logits = model(**forward, logits_to_keep=positions).logits[0]
         return _logits_stats(logits, target_ids, temperature, with_entropy, entropy_grad)
     hidden = last_hidden_state(model, forward)[0, positions]
-    return _head_stats(head, hidden, target_ids, temperature, chunk_tokens, with_entropy, entropy_grad)
+    return _head_stats(head, hidden, target_ids, temperature, chunk_tokens, with_entropy, entropy_grad, kernel)
+
+
+def _head_for(model: torch.nn.Module, chunk_tokens: int, kernel: str) -> torch.nn.Linear | None:
+    """The LM head to run apart from the model, or None for the full-logits path."""
+    if kernel not in ("torch", "liger"):
+        raise ValueError(f"learner.logprob_kernel: {kernel!r} is not one of torch, liger")
+    return plain_lm_head(model) if chunk_tokens > 0 or kernel == "liger" else None
 
 
 def _head_stats(head: torch.nn.Linear, hidden: Tensor, target_ids: Tensor, temperature: float, chunk_tokens: int,
-                with_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+                with_entropy: bool, entropy_grad: bool, kernel: str) -> tuple[Tensor, Tensor | None]:
     """The chunked path on hidden states [M, H]: log-probs [M] (and entropies, differentiable only
-    with `entropy_grad`)."""
+    with `entropy_grad`), by liger's fused kernel with `kernel` "liger" (log-probs only)."""
+    if kernel == "liger":
+        if with_entropy:
+            raise ValueError("learner.logprob_kernel: liger computes no entropy; ask for log-probs only")
+        from grpo_ray.models.liger_logprobs import liger_token_logprobs
+
+        return liger_token_logprobs(hidden, head.weight, head.bias, target_ids, temperature), None
     logprobs, entropy = chunked_token_stats(
         hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy)
     if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):

@@ -116,6 +116,7 @@ def sequence_logprobs(
     entropy_grad: bool = False,
     from_column: int = 1,
     chunk_tokens: int = 0,
+    kernel: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (column t: log p(token t | tokens < t); column 0 is 0).
 
@@ -132,7 +133,8 @@ def sequence_logprobs(
     Logits are divided by the sampling temperature, as the rollout engine sampled them.
 
     With `chunk_tokens` > 0 the LM head runs that many positions at a time and the [N, T, V]
-    logits never exist (models.chunked_logprobs): same numbers to float rounding.
+    logits never exist (models.chunked_logprobs): same numbers to float rounding. `kernel` "liger":
+    liger-kernel's fused LM head (models.liger_logprobs; log-probs only, no entropy).
     """
     from grpo_ray.models.chunked_logprobs import head_logprobs
 
@@ -145,7 +147,7 @@ def sequence_logprobs(
     keep = {"logits_to_keep": input_ids.shape[1] - first + 1} if first > 1 else {}
     forward = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep)
     logprobs, entropy = head_logprobs(
-        model, forward, input_ids[:, first:], temperature, with_entropy, entropy_grad, chunk_tokens
+        model, forward, input_ids[:, first:], temperature, with_entropy, entropy_grad, chunk_tokens, kernel
     )
     before = logprobs.new_zeros((logprobs.shape[0], first))
     logprobs = torch.cat([before, logprobs], dim=1)

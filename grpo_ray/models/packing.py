@@ -35,6 +35,7 @@ def packed_completion_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     chunk_tokens: int = 0,
+    kernel: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (and entropies with `with_entropy`) at each row's completion
     columns, as shared_prompts.completion_logprobs computes them, with the rows packed."""
@@ -61,7 +62,7 @@ def packed_completion_logprobs(
     )
     logprobs, entropy = logprobs_at(
         model, forward, starts[rows] + cols - 1, input_ids[rows, cols], temperature, with_entropy, entropy_grad,
-        chunk_tokens,
+        chunk_tokens, kernel,
     )
 
     def place(values: torch.Tensor) -> torch.Tensor:
@@ -91,14 +92,17 @@ def micro_batch_logprobs(
     packing: bool,
     share_prompts: bool,
     chunk_tokens: int,
+    kernel: str = "torch",
     with_entropy: bool = False,
     entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The learner's and the reference's one choice of forward for a micro-batch: packed
-    (learner.packing), else padded with each distinct prompt run once (learner.share_prompts)."""
+    (learner.packing), else padded with each distinct prompt run once (learner.share_prompts);
+    the LM head as `chunk_tokens` and `kernel` say (learner.logprob_chunk_tokens, logprob_kernel)."""
     if packing:
         return packed_completion_logprobs(
-            model, input_ids, attention_mask, completion_mask, temperature, with_entropy, entropy_grad, chunk_tokens)
+            model, input_ids, attention_mask, completion_mask, temperature, with_entropy, entropy_grad, chunk_tokens,
+            kernel)
     return completion_logprobs(
         model, input_ids, attention_mask, completion_mask, temperature, with_entropy=with_entropy,
-        entropy_grad=entropy_grad, share_prompts=share_prompts, chunk_tokens=chunk_tokens)
+        entropy_grad=entropy_grad, share_prompts=share_prompts, chunk_tokens=chunk_tokens, kernel=kernel)

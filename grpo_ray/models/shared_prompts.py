@@ -33,16 +33,17 @@ def completion_logprobs(
     entropy_grad: bool = False,
     share_prompts: bool = True,
     chunk_tokens: int = 0,
+    kernel: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs [N, T] (and entropies with `with_entropy`) at completion columns, as
     sequence_logprobs computes them; columns before a row's completion are 0 or the full forward's
-    values, and either way out of every loss (completion_mask). `chunk_tokens`: as in
-    sequence_logprobs (the LM head a chunk of positions at a time)."""
+    values, and either way out of every loss (completion_mask). `chunk_tokens`, `kernel`: as in
+    sequence_logprobs (how the LM head runs)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
     full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
         model, input_ids, attention_mask, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-        from_column=first_completion_column(completion_mask), chunk_tokens=chunk_tokens,
+        from_column=first_completion_column(completion_mask), chunk_tokens=chunk_tokens, kernel=kernel,
     )
     found = _distinct_prefixes(input_ids, attention_mask, completion_mask) if share_prompts else None
     if found is None:
@@ -70,7 +71,7 @@ def completion_logprobs(
     )
     # Output position j predicts rest token j + 1, i.e. column prefix + j + 1.
     logprobs, entropy = head_logprobs(
-        model, forward, rest_ids[:, 1:], temperature, with_entropy, entropy_grad, chunk_tokens
+        model, forward, rest_ids[:, 1:], temperature, with_entropy, entropy_grad, chunk_tokens, kernel
     )
 
     # Back into the rows' own columns; positions past a row's width land in a dropped extra column.

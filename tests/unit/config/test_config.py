@@ -156,3 +156,26 @@ def test_sleep_mode_is_accepted_on_a_gpu_on_policy():
         assert cfg.rollout.vllm.sleep_level == level
     # Level 1 keeps the base in host memory: an adapter-only sync is fine.
     assert config_from_dict({**SLEEPY, "model": {"lora": {"enabled": True}}}).rollout.vllm.sleep_level == 1
+
+
+LIGER = {"learner": {"num_gpus": 1, "logprob_kernel": "liger"}}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({**LIGER, "algorithm": {"entropy_coef": 0.01}},
+         "learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef 0.01 needs it"),
+        ({"learner": {"num_gpus": 0, "logprob_kernel": "liger"}},
+         "learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0"),
+    ],
+)
+def test_the_liger_kernel_is_refused_where_it_cannot_serve_the_learner(change, message):
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(change)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_the_liger_kernel_is_accepted_on_gpu_learners_without_an_entropy_bonus():
+    assert config_from_dict(LIGER).learner.logprob_kernel == "liger"
+    assert config_from_dict({}).learner.logprob_kernel == "torch"
