@@ -10,7 +10,8 @@
 # turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined;
 # learner: the update of the 0.5B shape on a long-tailed mix (prompt 128, most completions <= 256 tokens,
 #   1 in 8 up to 1,024), rows as today against packing + token budget (and with liger's fused head),
-#   full fine-tuning and LoRA r16 (T_learner=240 at least: each variant's process builds the model);
+#   full fine-tuning and LoRA r16 (T_learner=240 at least: each variant's process builds the model),
+#   each with its 15 costliest GPU operators of one more step and its trainable dtypes (LoRA's slowdown);
 # handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off
 #   (HANDOFF_MODES=pipelined for one; on an H200 the on-policy run took 150 s, start included).
 # Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run);
@@ -62,7 +63,7 @@ for part in $PARTS; do
       for lora in 0 16; do
         timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \
           --rows 128 --samples 8 --micro-batch 16 --max-tokens 16384 --prompt-tokens 128 --short-tokens 256 \
-          --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora \
+          --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora --profile 15 \
           --variants "rows (today),packing + token budget,packing + token budget + liger" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
           | tee -a "$OUT/learner.log" | grep -v Warning | tail -8
       done ;;

@@ -133,7 +133,9 @@ def run_variant(args, name: str, model_dir: Path, dtype: str, out: Path) -> dict
         seconds.append(time.perf_counter() - started)
     real = int(batch.attention_mask.sum())
     result = {"first_step_s": first, "update_s": float(np.median(seconds)), "steps_s": seconds,
-              "real_tokens": real, "tokens_counted": stats.num_tokens}
+              "real_tokens": real, "tokens_counted": stats.num_tokens, "trainable": trainable_dtypes(learner.module)}
+    if args.profile:
+        result["profile_top"] = profile_step(lambda: learner.train_step(shard, batch), args.profile)
     peak = peak_flops()
     if peak:
         config = learner.module.config
@@ -142,6 +144,29 @@ def run_variant(args, name: str, model_dir: Path, dtype: str, out: Path) -> dict
         result["tokens_per_s"] = real / result["update_s"]
         result["mfu"] = flops * result["tokens_per_s"] / peak
     return result
+
+
+def trainable_dtypes(module: torch.nn.Module) -> dict[str, int]:
+    """Trainable parameters (elements) by dtype: an adapter left in float32 under bf16 compute shows here."""
+    counts: dict[str, int] = {}
+    for param in module.parameters():
+        if param.requires_grad:
+            counts[str(param.dtype)] = counts.get(str(param.dtype), 0) + param.numel()
+    return counts
+
+
+def profile_step(step, top: int) -> list[dict]:
+    """One more step under torch.profiler: the `top` operators by their own time on the device (the
+    CPU without a GPU), to see where a variant's time goes (issue 35: why LoRA's update is slower)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step()
+        synchronize()
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"op": e.key, "self_ms": getattr(e, key) / 1e3, "calls": e.count} for e in rows]
 
 
 def main() -> None:
@@ -159,6 +184,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the first")
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank on q/k/v/o; 0: full fine-tuning")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="profile one more step: its N costliest operators")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, first is the reference")
     parser.add_argument("--json", default=None)
     parser.add_argument("--run-one", default=None, help=argparse.SUPPRESS)  # internal: one variant here
