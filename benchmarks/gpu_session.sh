@@ -37,7 +37,7 @@ for part in $PARTS; do
     tests)
       # vLLM's sleep tests last: they start engines, the slowest part of a short lease.
       timeout ${limit:-240} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_cuda.py tests/gpu/test_cuda_paths.py \
-        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
+        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
       timeout ${limit:-200} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/sleep.log" \
