@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,7 +56,9 @@ def test_an_unknown_kernel_or_liger_with_entropy_is_refused():
 def _interpreted(*args, timeout=600) -> str:
     """This file's __main__ in a child with Triton's interpreter on; its stdout."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    # As a module of the tests' namespace package, so that it imports test_packing's rows.
+    done = subprocess.run([sys.executable, "-m", "tests.unit.models.test_liger_logprobs", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[3])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -125,14 +128,10 @@ def _model_level(model, rows, vocab_offset):
     same model, values at completion tokens and every parameter's gradient (a tied head included)."""
     from grpo_ray.models.packing import micro_batch_logprobs
 
-    width = max(len(p) + len(c) for p, c in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    completion = torch.zeros(ids.shape)
-    for row, (p, c) in enumerate(rows):
-        ids[row, : len(p) + len(c)] = torch.tensor(p + c) + vocab_offset
-        mask[row, : len(p) + len(c)] = 1
-        completion[row, len(p): len(p) + len(c)] = 1
+    from .test_packing import _rows
+
+    ids, mask, completion = _rows(rows, vocab_offset)
+    width = ids.shape[1]
     for packing, share in ((False, True), (False, False), (True, False)):
         results = {}
         for kernel in ("torch", "liger"):
