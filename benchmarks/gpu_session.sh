@@ -40,8 +40,8 @@ for part in $PARTS; do
         tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
-      timeout ${limit:-200} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/sleep.log" \
-        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed" | tail -40 ;;
+      timeout ${limit:-200} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/sleep.log" \
+        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:" | tail -40 ;;
     tiny)
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
       timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \

@@ -73,16 +73,22 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
         freed = _free() - before
         # The engine's KV cache and weights are most of its fraction of the GPU.
         claimed = UTILIZATION * torch.cuda.mem_get_info()[1]
+        # Each stage's figures, printed as it passes: a failure shows how far it got (conftest prints them).
+        print(f"level {level}: awake free {before / 2**30:.2f} GiB; sleep freed {freed / 2**30:.2f} GiB of the "
+              f"{claimed / 2**30:.2f} GiB fraction", flush=True)
         assert freed >= 0.8 * claimed, f"sleep level {level} freed {freed / 2**30:.2f} GiB of {claimed / 2**30:.2f}"
         if level == 1:  # the weights waited in host memory: the same log-probs after waking
             ray.get(rollouts[0].wake.remote(["weights", "kv_cache"]))
             again = ray.get(rollouts[0].score.remote(*args))
+            print(f"woken from host memory: log-probs moved {(np.abs(again - awake) * mask).max():.2e}", flush=True)
             assert (np.abs(again - awake) * mask).max() < 1e-5
             ray.get(rollouts[0].sleep.remote())
 
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         sync.note_probe(probe)
         result = sync.sync(version=1, probe=probe, probe_tolerance=1e-3)  # wakes weights, loads, wakes the cache
+        print(f"sync: wake {result.wake_seconds:.3f} s, probe gap {result.probe_max_abs_diff}, free after "
+              f"{_free() / 2**30:.2f} GiB", flush=True)
         assert result.wake_seconds > 0 and result.probe_max_abs_diff is not None
         assert _free() <= before + 0.1 * claimed, "the sync woke the engine's memory"
         gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
