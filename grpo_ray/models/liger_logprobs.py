@@ -3,11 +3,12 @@
 The torch chunked path (models.chunked_logprobs) runs the LM head a chunk at a time, but each
 chunk's softmax still goes through a handful of separate [chunk, vocab] float32 passes (cast, max,
 subtract, exp, sum, gather; as many again in backward). On a GPU those passes, not the head's
-matmul, should be most of the head's time for a small model with Qwen's 152K vocabulary (a roofline
-estimate, not yet measured: each pass moves 0.6 MB a token; an H100's 3 TB/s makes ~16 passes
-~3 us a token, the 0.5B head's four matmuls (forward, recompute, two gradients) ~1.1 us at its bf16 peak). liger-kernel's Triton kernel does the softmax and cross-entropy of a chunk in one
-pass over its logits. A token's cross-entropy is minus its log-prob, so with reduction "none" its
-per-token loss is what the learner needs.
+matmuls, should be most of the head's time for a small model with Qwen's 152K vocabulary (a
+roofline estimate, not yet measured: each pass moves 0.6 MB a token, so ~16 passes take ~3 us a
+token at an H100's 3 TB/s, where the 0.5B head's four matmuls (forward, recompute, two gradients)
+take ~1.1 us at its bf16 peak). liger-kernel's Triton kernel does the softmax and cross-entropy of
+a chunk in one pass over its logits. A token's cross-entropy is minus its log-prob, so with
+reduction "none" its per-token loss is what the learner needs.
 
 What it cannot give: the entropy (liger computes none), so a learner on this path logs no
 actor/entropy and takes no entropy bonus (config refuses entropy_coef with it).
