@@ -11,6 +11,8 @@ import torch
 from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.packing import micro_batch_logprobs
 
+from .test_packing_cuda import _rows
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -28,16 +30,6 @@ def _qwen2_vocab_model(dtype):
     return Qwen2ForCausalLM(config).to(dtype).cuda()
 
 
-def _rows(lengths, prompt=16, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    width = max(lengths)
-    ids = torch.randint(3, QWEN2_VOCAB, (len(lengths), width), generator=gen)
-    mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
-    completion = mask.float()
-    completion[:, :prompt] = 0
-    return (ids * mask).cuda(), mask.cuda(), completion.cuda()
-
-
 def test_the_learner_takes_liger_on_a_gpu():
     pytest.importorskip("liger_kernel")
     assert chosen_logprob_kernel("liger", _qwen2_vocab_model(torch.bfloat16), say=True) == "liger"
@@ -49,7 +41,7 @@ def test_liger_equals_torch_on_the_gpu(dtype, tol, packing):
     pytest.importorskip("liger_kernel")
     torch.backends.cuda.matmul.allow_tf32 = False
     model = _qwen2_vocab_model(dtype)
-    ids, mask, completion = _rows([40, 300, 90, 64, 200, 33])
+    ids, mask, completion = (t.cuda() for t in _rows([40, 300, 90, 64, 200, 33], prompt=16, vocab=QWEN2_VOCAB))
     results = {}
     for kernel in ("torch", "liger"):
         logprobs, _ = micro_batch_logprobs(model, ids, mask, completion, 0.9, packing=packing, share_prompts=False,

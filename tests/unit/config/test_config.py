@@ -145,6 +145,10 @@ SLEEPY = {"rollout": {"backend": "vllm", "num_gpus": 0.5, "vllm": {"sleep_level"
     ],
 )
 def test_sleep_mode_is_refused_where_an_engine_cannot_take_turns(change, message):
+    _refused_in_one_line(change, message)
+
+
+def _refused_in_one_line(change: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         config_from_dict(change)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
@@ -171,9 +175,7 @@ LIGER = {"learner": {"num_gpus": 1, "logprob_kernel": "liger"}}
     ],
 )
 def test_the_liger_kernel_is_refused_where_it_cannot_serve_the_learner(change, message):
-    with pytest.raises(ConfigError) as caught:
-        config_from_dict(change)
-    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+    _refused_in_one_line(change, message)
 
 
 def test_the_liger_kernel_is_accepted_on_gpu_learners_without_an_entropy_bonus():
