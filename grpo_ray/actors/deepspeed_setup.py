@@ -131,3 +131,15 @@ def join_learner_world(rank: int, world_size: int, master_addr: str, master_port
     torch.distributed.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size)
     deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
 
+
+def safe_checkpoint_engine():
+    """DeepSpeed's torch checkpoint engine, loading with weights_only=True (its own load does not)."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from grpo_ray.models.tensor_files import load_tensors
+
+    class SafeCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            return load_tensors(path, map_location)
+
+    return SafeCheckpointEngine()

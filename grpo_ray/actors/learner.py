@@ -19,8 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from grpo_ray.actors.deepspeed_setup import build_optimizer, deepspeed_config, join_learner_world, loss_scale
+from grpo_ray.actors.deepspeed_setup import (
+    build_optimizer,
+    deepspeed_config,
+    join_learner_world,
+    loss_scale,
+    safe_checkpoint_engine,
+)
 from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch
+from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
@@ -88,6 +95,7 @@ class LearnerSettings:
     logprob_kernel: str = "torch"
     packing: bool = False
     max_tokens_per_micro_batch: int = 0
+    offload_states_between_updates: bool = False
 
 
 class LearnerWorker:
@@ -134,9 +142,10 @@ class LearnerWorker:
                 "model.dtype: float16: DeepSpeed cannot train fp16 on this learner's device (a CPU without "
                 "AVX512-FP16/AMX-FP16); use bfloat16 or float32, or give the learners GPUs (learner.num_gpus)"
             ) from None
-        self.engine.checkpoint_engine = _safe_checkpoint_engine()
+        self.engine.checkpoint_engine = safe_checkpoint_engine()
         self.tokenizer = load_tokenizer(s.tokenizer_path)
         self.logprob_kernel = chosen_logprob_kernel(s.logprob_kernel, self.engine, say=self.rank == 0)
+        self.offload = StateOffload(self.engine, s.offload_states_between_updates)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -152,6 +161,7 @@ class LearnerWorker:
         here, on the learner, and the driver never holds them.
         """
         started = time.perf_counter()
+        moved = self.offload.bring_back()  # learner.offload_states_between_updates: Adam's moments, gradients
         lr = self._set_lr(shard.step)
         skipped_before = self.engine.skipped_steps
         k = len(shard.advantages)
@@ -191,6 +201,7 @@ class LearnerWorker:
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)
+        metrics.update(moved | self.offload.send_away())  # to host memory until the next update
         return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
 
     def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
@@ -360,14 +371,16 @@ class LearnerWorker:
         Collective: every rank calls it."""
         from grpo_ray.models.tensor_files import save_tensors
 
-        self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
+        with self.offload.present():
+            self.engine.save_checkpoint(folder, tag="deepspeed", save_latest=False)
         save_tensors({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, folder: str) -> None:
         """Every rank calls it; files are read with weights_only=True (see grpo_ray.train.checkpoint)."""
         from grpo_ray.models.tensor_files import CheckpointError, load_tensors
 
-        loaded, _ = self.engine.load_checkpoint(folder, tag="deepspeed", load_module_strict=True)
+        with self.offload.present():
+            loaded, _ = self.engine.load_checkpoint(folder, tag="deepspeed", load_module_strict=True)
         if loaded is None:
             raise CheckpointError(f"{folder} holds no DeepSpeed checkpoint of learner rank {self.rank}")
         torch.set_rng_state(load_tensors(os.path.join(folder, f"rng_rank{self.rank}.pt"))["cpu"])
@@ -384,15 +397,3 @@ class LearnerWorker:
                 return path
         return None
 
-
-def _safe_checkpoint_engine():
-    """DeepSpeed's torch checkpoint engine, loading with weights_only=True (its own load does not)."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
-    from grpo_ray.models.tensor_files import load_tensors
-
-    class SafeCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path: str, map_location=None):
-            return load_tensors(path, map_location)
-
-    return SafeCheckpointEngine()

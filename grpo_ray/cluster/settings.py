@@ -54,6 +54,7 @@ def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
         logprob_kernel=lr.logprob_kernel,
         packing=lr.packing,
         max_tokens_per_micro_batch=lr.max_tokens_per_micro_batch,
+        offload_states_between_updates=lr.offload_states_between_updates,
     )
 
 

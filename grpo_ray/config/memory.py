@@ -121,6 +121,9 @@ class LearnerMemory:
     gradients: float
     optimizer: float
     lora: float  # the adapter's weights + gradients + Adam state (0 without LoRA)
+    # Of the above, Adam's m and v and the gradients (the adapter's, with LoRA): what
+    # learner.offload_states_between_updates keeps in host memory between updates.
+    moments_and_gradients: float = 0.0
 
     @property
     def total(self) -> float:
@@ -134,13 +137,15 @@ def learner_memory(
     """Per-GPU bytes of one learner rank; ``lora_parameters`` > 0 means LoRA (frozen base)."""
     b = _DTYPE_BYTES[dtype]
     adam = 8 + (4 if b < 4 else 0)  # m, v, and a float32 master copy of 16-bit weights
+    moments = 0 if offload_optimizer else 8
     if lora_parameters:
         base = parameters * (_QUANTIZED_BYTES[quantization] if quantization else b)
-        return LearnerMemory(base, 0.0, 0.0, lora_parameters * (b + b + (0 if offload_optimizer else adam)))
+        return LearnerMemory(base, 0.0, 0.0, lora_parameters * (b + b + (0 if offload_optimizer else adam)),
+                             lora_parameters * (b + moments))
     weights = 0.0 if offload_params else parameters * b / (ranks if zero_stage == 3 else 1)
     gradients = parameters * b / (ranks if zero_stage >= 2 else 1)
     optimizer = 0.0 if offload_optimizer else parameters * adam / (ranks if zero_stage >= 1 else 1)
-    return LearnerMemory(weights, gradients, optimizer, 0.0)
+    return LearnerMemory(weights, gradients, optimizer, 0.0, gradients + parameters * moments / (ranks if zero_stage >= 1 else 1))
 
 
 def rollout_memory(
@@ -192,8 +197,9 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
             lines.append(f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})")
     if utilization and _shares_gpu(cfg, "learner", "rollout"):
         beside = per_gpu.get("reference", 0.0) if _shares_gpu(cfg, "learner", "reference") else 0.0
+        away = learner.moments_and_gradients if ln.offload_states_between_updates else 0.0
         lines += phase_lines(learner.total + beside, utilization, gpu, r.vllm.sleep_level,
-                             "learner and reference" if beside else "learner")
+                             "learner and reference" if beside else "learner", away)
     return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
 
 
@@ -211,26 +217,30 @@ def _shares_gpu(cfg: Config, role: str, other: str) -> bool:
 TURN_RESERVE = 2 * GIB
 
 
-def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int, holder: str = "learner") -> list[str]:
+def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int, holder: str = "learner",
+                away: float = 0.0) -> list[str]:
     """The two phases of a GPU shared by learner and vLLM (placement.colocate): what each holds while
     the engine generates and while the learners update, and how much of the GPU vLLM could take.
     Asleep (rollout.vllm.sleep_level), the engine gives all of its memory to the update, so it may
     take everything the learners' state leaves; awake, its share is missing from the update's room
-    for activations the whole run. learner_total: what stays on the GPU through both phases (the
-    learners' state, and a reference beside them), named `holder`."""
+    for activations the whole run. learner_total: the learners' state (and a reference beside them),
+    named `holder`; `away` of it waits in host memory while the engine is awake
+    (learner.offload_states_between_updates)."""
     engine = utilization * gpu
     during_update = 0.0 if sleep_level else engine
     room = gpu - learner_total - during_update
-    largest = max(0.0, (gpu - learner_total - TURN_RESERVE) / gpu)
+    during_rollout = learner_total - away
+    largest = max(0.0, (gpu - during_rollout - TURN_RESERVE) / gpu)
+    kept = f" ({_gib(away)} of moments and gradients in host memory)" if away else ""
     lines = [
-        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: {holder} {_gib(learner_total)} + "
-        f"vLLM {_gib(engine)} = {_gib(learner_total + engine)}; update: {holder} {_gib(learner_total)} + vLLM "
+        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: {holder} {_gib(during_rollout)}{kept} + "
+        f"vLLM {_gib(engine)} = {_gib(during_rollout + engine)}; update: {holder} {_gib(learner_total)} + vLLM "
         f"{_gib(during_update)}" + (" (asleep: " + ("weights in host memory" if sleep_level == 1 else "weights dropped")
                                      + ")" if sleep_level else " (awake)") + f", {_gib(room)} left for activations",
     ]
     if sleep_level:
         lines.append(f"vLLM may take up to gpu_memory_utilization {largest:.2f} (the GPU less the {holder}'s "
-                     f"{_gib(learner_total)} and {_gib(TURN_RESERVE)} kept for CUDA contexts)")
+                     f"{_gib(during_rollout)} and {_gib(TURN_RESERVE)} kept for CUDA contexts)")
     else:
         lines.append(f"with rollout.vllm.sleep_level 1 the update would have {_gib(gpu - learner_total)} for activations, "
                      f"or vLLM up to gpu_memory_utilization {largest:.2f}")

@@ -179,6 +179,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("learner.zero_stage: LoRA with ZeRO-3 is not supported; use stage 0-2 with model.lora")
     _check_reference_and_quantization(cfg)
     _check_logprob_kernel(cfg)
+    _check_state_offload(cfg)
     _check_placement(cfg)
     from grpo_ray.config.training_plan import check_training  # it imports this module
 
@@ -215,6 +216,26 @@ def _check_logprob_kernel(cfg: Config) -> None:
     if cfg.learner.num_gpus == 0:
         raise ConfigError("learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0; "
                           "set logprob_kernel: torch")
+
+
+def _check_state_offload(cfg: Config) -> None:
+    """learner.offload_states_between_updates: a ZeRO-1/2 GPU learner beside a sleeping vLLM engine."""
+    ln, where = cfg.learner, "learner.offload_states_between_updates"
+    if not ln.offload_states_between_updates:
+        return
+    if ln.num_gpus == 0:
+        raise ConfigError(f"{where}: the learners run on CPUs (learner.num_gpus 0), so their states are in host "
+                          "memory already; turn it off")
+    if ln.zero_stage not in (1, 2):
+        raise ConfigError(f"{where}: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's states (ZeRO-3 only with its "
+                          f"FusedAdam), and learner.zero_stage is {ln.zero_stage}; set zero_stage 1 or 2")
+    if ln.offload_optimizer == "cpu":
+        raise ConfigError(f"{where}: the optimizer's states live in host memory already "
+                          "(learner.offload_optimizer: cpu); turn one of them off")
+    if not cfg.rollout.vllm.sleep_level:
+        raise ConfigError(f"{where}: the room it frees goes to a sleeping vLLM engine's KV cache, and "
+                          "rollout.vllm.sleep_level is 0 (an awake engine keeps the share it took at start, so "
+                          "nothing would take it); set sleep_level 1 or 2, or turn it off")
 
 
 def _check_sleep(cfg: Config) -> None:

@@ -305,6 +305,12 @@ class LearnerConfig(_RoleSection):
     offload_optimizer: Literal["cpu"] | None = None
     # ZeRO-Infinity parameter offload: parameters live on the CPU between uses; needs zero_stage 3.
     offload_params: Literal["cpu"] | None = None
+    # One GPU taken in turns (rollout.vllm.sleep_level 1 or 2): after each update the learners move
+    # Adam's moments and the gradients (10 of a bf16 full fine-tune's 16 B/param) to pinned host
+    # memory and bring them back at the next update, so the awake engine's KV cache may take their
+    # room (the memory plan of `validate` shows how much). The weights and the float32 master copy
+    # stay. ZeRO 1 or 2 on GPU learners (DeepSpeed's offload_states).
+    offload_states_between_updates: bool = False
     # fp16 (model.dtype: float16) loss scale: 0 is DeepSpeed's dynamic loss scaling, which skips a
     # step whose gradients overflow (update/skipped = 1) and halves the scale; > 0: a fixed scale.
     loss_scale: float = Field(0.0, ge=0)

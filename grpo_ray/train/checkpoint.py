@@ -65,7 +65,7 @@ HASH_VERSION = 2
 ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "algorithm.kl_controller", "algorithm.kl_horizon", "algorithm.kl_target",
     "learner.initial_scale_power", "learner.loss_scale", "learner.loss_scale_window", "learner.lr_schedule",
-    "learner.logprob_chunk_tokens", "learner.logprob_kernel", "learner.max_tokens_per_micro_batch", "learner.min_lr", "learner.offload_optimizer", "learner.offload_params", "learner.packing", "learner.warmup_ratio",
+    "learner.logprob_chunk_tokens", "learner.logprob_kernel", "learner.max_tokens_per_micro_batch", "learner.min_lr", "learner.offload_optimizer", "learner.offload_params", "learner.offload_states_between_updates", "learner.packing", "learner.warmup_ratio",
     "learner.warmup_steps", "model.quantization", "reference.model_path", "reference.tokenizer",
     "reward.by_source", "reward.clip", "reward.normalize", "reward.source_field", "rollout.groups_per_chunk",
     "rollout.vllm.sleep_level", "rollout.vllm.sync_during_generation",

@@ -181,3 +181,31 @@ def test_the_liger_kernel_is_refused_where_it_cannot_serve_the_learner(change, m
 def test_the_liger_kernel_is_accepted_on_gpu_learners_without_an_entropy_bonus():
     assert config_from_dict(LIGER).learner.logprob_kernel == "liger"
     assert config_from_dict({}).learner.logprob_kernel == "torch"
+
+
+OFFLOADING = {**SLEEPY, "learner": {"num_gpus": 0.5, "zero_stage": 2, "offload_states_between_updates": True}}
+
+
+@pytest.mark.parametrize(
+    "learner, rollout, message",
+    [
+        ({"num_gpus": 0}, {}, "learner.offload_states_between_updates: the learners run on CPUs (learner.num_gpus 0)"),
+        ({"zero_stage": 0}, {}, "learner.offload_states_between_updates: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's "
+                                "states (ZeRO-3 only with its FusedAdam), and learner.zero_stage is 0"),
+        ({"zero_stage": 3}, {}, "learner.offload_states_between_updates: DeepSpeed moves a ZeRO-1 or ZeRO-2"),
+        ({"offload_optimizer": "cpu"}, {}, "learner.offload_states_between_updates: the optimizer's states live in "
+                                           "host memory already (learner.offload_optimizer: cpu)"),
+        ({}, {"vllm": {"sleep_level": 0}}, "learner.offload_states_between_updates: the room it frees goes to a "
+                                           "sleeping vLLM engine's KV cache, and rollout.vllm.sleep_level is 0"),
+    ],
+)
+def test_state_offload_between_updates_is_refused_where_nothing_would_take_the_room(learner, rollout, message):
+    _refused_in_one_line({"learner": {**OFFLOADING["learner"], **learner},
+                          "rollout": {**OFFLOADING["rollout"], **rollout}}, message)
+
+
+def test_state_offload_between_updates_is_accepted_for_a_zero_1_or_2_gpu_learner_beside_a_sleeping_engine():
+    for stage in (1, 2):
+        cfg = config_from_dict({**OFFLOADING, "learner": {**OFFLOADING["learner"], "zero_stage": stage}})
+        assert cfg.learner.offload_states_between_updates
+    assert not config_from_dict({}).learner.offload_states_between_updates

@@ -144,3 +144,29 @@ def test_fractions_of_one_gpu_share_it_with_the_reference_beside_the_learner():
     assert phases.endswith("(awake), 47.72 GiB left for activations")
     # Asleep the update would have 80 - 8.28; vLLM could take (80 - 8.28 - 2) / 80 = 0.87.
     assert advice == "with rollout.vllm.sleep_level 1 the update would have 71.72 GiB for activations, or vLLM up to gpu_memory_utilization 0.87"
+
+
+def test_moments_and_gradients_are_what_the_offload_between_updates_moves():
+    # bf16 full fine-tune on one rank: gradients 2 B/param, Adam's m and v 8 (the 4 B master copy stays).
+    assert learner_memory(P3B, "bfloat16", ranks=1, zero_stage=2).moments_and_gradients == 10 * P3B
+    # Two ZeRO-2 ranks: each holds half of both.
+    assert learner_memory(P3B, "bfloat16", ranks=2, zero_stage=2).moments_and_gradients == 5 * P3B
+    # ZeRO-1 shards the optimizer only: 2 + 8 / 2.
+    assert learner_memory(P3B, "bfloat16", ranks=2, zero_stage=1).moments_and_gradients == 6 * P3B
+    # LoRA: the adapter's gradients and moments, 2 + 8 B per adapter parameter; the base has neither.
+    assert learner_memory(P3B, "bfloat16", 1, 2, lora_parameters=1000).moments_and_gradients == 10 * 1000
+
+
+def test_the_offload_between_updates_lets_vllm_take_the_moments_and_gradients_room():
+    # configs/gsm8k.yaml on one 80 GiB GPU, full fine-tune: the learner's 16 B/param (7.36 GiB) less
+    # 10 B/param (4.60 GiB) while the engine is awake; the reference's 0.92 GiB stays.
+    overrides = ["rollout.vllm.sleep_level=1", "learner.zero_stage=2", "learner.offload_states_between_updates=true"]
+    lines, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml", overrides), 80)
+    [phases, advice] = [line for line in lines if line.startswith(("one GPU in two phases", "vLLM may take"))]
+    assert "rollout: learner and reference 3.68 GiB (4.60 GiB of moments and gradients in host memory) + vLLM 24.00 GiB" in phases
+    assert "update: learner and reference 8.28 GiB + vLLM 0.00 GiB (asleep" in phases
+    # (80 - 3.68 - 2) / 80 = 0.93, where it stays 0.87 without the offload.
+    assert advice.startswith("vLLM may take up to gpu_memory_utilization 0.93 (the GPU less the learner and reference's 3.68 GiB")
+    without, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml", overrides[:2]), 80)
+    assert any(line.startswith("vLLM may take up to gpu_memory_utilization 0.87") for line in without)
+

@@ -1,0 +1,68 @@
+"""The learner's Adam moments and gradients in host memory between updates
+(learner.offload_states_between_updates), so that one GPU taken in turns can give a sleeping vLLM
+engine's KV cache their room.
+
+vLLM takes its share of the GPU when it starts, before the learners' first update has created
+Adam's moments; the engine sleeps through every update and wakes its KV cache after the weight
+sync. Moments and gradients left on the GPU would then have to fit beside the awake engine. Moved
+to pinned host memory at the end of each update (DeepSpeed's `offload_states`, ZeRO 1 and 2),
+they are not: the next update brings them back first. The weights stay (the sync and the probe
+read them), and so does the float32 master copy, which DeepSpeed builds on the GPU at start-up
+while vLLM holds its share: what it frees later no engine could take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import torch
+
+GIB = 1 << 30
+
+
+class StateOffload:
+    """Moves a DeepSpeed ZeRO-1/2 engine's Adam moments and gradients to host memory and back."""
+
+    def __init__(self, engine, enabled: bool):
+        self.engine = engine
+        self.enabled = enabled
+        self.away = False
+
+    def send_away(self) -> dict[str, float]:
+        """After an update: the states to host memory; the seconds it took and the GPU memory it freed."""
+        if not self.enabled or self.away:
+            return {}
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+
+        on_gpu = torch.cuda.is_available()
+        before = torch.cuda.memory_allocated() if on_gpu else 0
+        started = time.perf_counter()
+        self.engine.offload_states(include=[OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.lp_grads],
+                                   device=OffloadDeviceEnum.cpu, pin_memory=on_gpu)
+        self.away = True
+        metrics = {"update/offload_seconds": time.perf_counter() - started}
+        if on_gpu:
+            metrics["update/offloaded_gib"] = (before - torch.cuda.memory_allocated()) / GIB
+        return metrics
+
+    def bring_back(self) -> dict[str, float]:
+        """Before anything reads or steps the states: back on the learner's device; the seconds it took."""
+        if not self.away:
+            return {}
+        started = time.perf_counter()
+        self.engine.reload_states()
+        self.away = False
+        return {"update/reload_seconds": time.perf_counter() - started}
+
+    @contextlib.contextmanager
+    def present(self) -> Iterator[None]:
+        """The states on the device for a checkpoint's save or load, then where they were."""
+        was_away = self.away
+        self.bring_back()
+        try:
+            yield
+        finally:
+            if was_away:
+                self.send_away()
