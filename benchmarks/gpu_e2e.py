@@ -50,6 +50,8 @@ MODE_OPTIONS = {  # a mode is "on-policy" or "pipelined", then any of these afte
     "broadcast": "weight_sync.same_device=broadcast",  # today's gloo path, for the hand-off's comparison
     "sleep1": "rollout.vllm.sleep_level=1",
     "sleep2": "rollout.vllm.sleep_level=2",
+    # Adam's moments and the gradients in host memory between updates (with sleep1 or sleep2).
+    "offload": "learner.zero_stage=2,learner.offload_states_between_updates=true",
 }
 
 
@@ -64,7 +66,7 @@ def mode_sets(mode: str) -> tuple[bool, list[str]]:
         if option.startswith("mem"):
             sets.append(f"rollout.vllm.gpu_memory_utilization={float(option[3:])}")
         elif option in MODE_OPTIONS:
-            sets.append(MODE_OPTIONS[option])
+            sets.extend(MODE_OPTIONS[option].split(","))
         else:
             raise SystemExit(f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN")
     return base == "pipelined", sets

@@ -5,9 +5,11 @@
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
 #   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | learner | handoff;
 #   default the first three)
-# sleep: vLLM's sleep-mode tests alone (they failed on an H200 on 2026-11-26, reason not yet seen);
+# sleep: vLLM's sleep-mode tests alone (level 1 failed on an H200 on 2026-11-26, its reason lost; the
+#   likeliest, the test's 1e-5 bound on two batched scorings, is mended), then the learner's state offload;
 # sync: the same-device hand-off (CUDA IPC) against gloo for Qwen2.5-0.5B's 1.26 GB (target <= 0.1 s);
-# turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7, and pipelined;
+# turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7 / sleep mode with the
+#   learner's moments and gradients in host memory between updates at 0.8, and pipelined (TURNS_MODES);
 # learner: the update of the 0.5B shape on a long-tailed mix (prompt 128, most completions <= 256 tokens,
 #   1 in 8 up to 1,024), rows as today against packing + token budget (and with liger's fused head),
 #   full fine-tuning and LoRA r16 (T_learner=240 at least: each variant's process builds the model),
@@ -37,11 +39,12 @@ for part in $PARTS; do
     tests)
       # vLLM's sleep tests last: they start engines, the slowest part of a short lease.
       timeout ${limit:-240} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_cuda.py tests/gpu/test_cuda_paths.py \
-        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
+        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/gpu/test_state_offload_cuda.py \
+        tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
-      timeout ${limit:-200} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/sleep.log" \
-        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:" | tail -40 ;;
+      timeout ${limit:-240} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py tests/gpu/test_state_offload_cuda.py \
+        2>&1 | tee "$OUT/sleep.log" | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^moments" | tail -40 ;;
     tiny)
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
       timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
@@ -57,7 +60,7 @@ for part in $PARTS; do
         --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tee "$OUT/sync.log" | tail -5 ;;
     turns)
       timeout ${limit:-570} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
-        --modes on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,pipelined --work /tmp/e2e-turns \
+        --modes ${TURNS_MODES:-on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,on-policy+sleep1+offload+mem0.8,pipelined} --work /tmp/e2e-turns \
         --json "$OUT/gpu_e2e_turns.json" 2>&1 | tee "$OUT/turns.log" | tail -30 ;;
     learner)
       for lora in 0 16; do
