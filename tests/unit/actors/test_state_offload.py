@@ -20,7 +20,8 @@ import numpy as np
 
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
-ROWS, PROMPT, COMPLETION = 8, 6, 10
+from ...gpu.test_cuda_paths import COMPLETION, ROWS, _batch
+
 AWAY = ["lp_grads", "optim_states"]  # DeepSpeed's names of Adam's moments and the gradients
 
 
@@ -63,25 +64,6 @@ def check_offload_trains_as_without(results: dict[str, dict], exact: bool) -> No
 
 def test_a_learner_that_offloads_between_updates_trains_checkpoints_and_resumes_as_one_that_does_not(tmp_path):
     check_offload_trains_as_without(run_learners(tmp_path), exact=True)
-
-
-def _batch(vocab: int):
-    from grpo_ray.types import RolloutSlice
-
-    rng = np.random.default_rng(0)
-    width = PROMPT + COMPLETION
-    attention = np.ones((ROWS, width), np.int64)
-    attention[::2, -3:] = 0
-    completion = np.zeros((ROWS, width), np.float32)
-    completion[:, PROMPT:] = attention[:, PROMPT:]
-    return RolloutSlice(
-        group_ids=np.arange(ROWS) // 4, prompt_uids=np.arange(ROWS) // 4,
-        input_ids=rng.integers(1, vocab, (ROWS, width)).astype(np.int64) * attention,
-        attention_mask=attention, completion_mask=completion,
-        rollout_logprobs=(-rng.random((ROWS, width)) * completion).astype(np.float32),
-        prompts=[""] * ROWS, completions=[""] * ROWS, answers=[""] * ROWS, finish_reasons=["stop"] * ROWS,
-        row_fields={}, policy_versions=np.zeros(ROWS, np.int64), group_diversity=np.full(ROWS, np.nan),
-    )
 
 
 def _learner(offload: bool, out: Path) -> None:
