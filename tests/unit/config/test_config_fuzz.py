@@ -116,10 +116,18 @@ def _tree_paths(tree: Any, prefix: str = "") -> set[str]:
 
 
 def _override_paths(overrides: list[str]) -> set[str]:
+    """The paths an override names: its key's, and those of a mapping given as its value (found by
+    fuzzing: `algorithm={;}` sets algorithm to {";": None}, and the error names "algorithm.;")."""
     paths = set()
     for override in overrides:
-        parts = override.partition("=")[0].strip().split(".")
+        key, _, value = override.partition("=")
+        parts = key.strip().split(".")
         paths |= {".".join(_shown(p) for p in parts[: n + 1]) for n in range(len(parts))}
+        try:
+            parsed = yaml.safe_load(value)
+        except Exception:  # the loader keeps such a value as a string: no paths below the key
+            continue
+        paths |= _tree_paths(parsed, ".".join(_shown(p) for p in parts) + ".")
     return paths
 
 
@@ -240,6 +248,7 @@ overrides = st.one_of(
 @example(["seed=!!int x"])
 @example(["seed=" + "[" * 1000])  # deeper than Python's recursion limit
 @example(["seed.a\nb.c=1"])
+@example(["algorithm={;}"])  # a mapping as the value: the error names a key below the override's
 def test_random_overrides(given_overrides):
     check_file(yaml.safe_dump(DEFAULT), given_overrides)
 
