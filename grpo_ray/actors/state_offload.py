@@ -58,11 +58,11 @@ class StateOffload:
 
     @contextlib.contextmanager
     def present(self) -> Iterator[None]:
-        """The states on the device for a checkpoint's save or load, then where they were."""
-        was_away = self.away
+        """The states on the device for a checkpoint's save or load, then away again: both happen
+        between updates, where they belong in host memory. A resume's load is the case that needs it:
+        the states were never away there, and the first rollout must not find them on the GPU."""
         self.bring_back()
         try:
             yield
         finally:
-            if was_away:
-                self.send_away()
+            self.send_away()

@@ -52,7 +52,8 @@ def check_offload_trains_as_without(results: dict[str, dict], exact: bool) -> No
         np.testing.assert_allclose(on["resumed"][name], on["params"][name], rtol=0 if exact else 1e-5,
                                    atol=0 if exact else 1e-6, err_msg=f"{name} after resume")
     report = on["report"]
-    # Away after every update and after a checkpoint's save; brought back at each update's start.
+    # Away after every update and after a checkpoint's save or load (the load found them on the device);
+    # brought back at each update's start.
     assert report["away_after_step"] == [AWAY] * 3
     assert report["away_after_save"] == AWAY and report["away_after_load"] == AWAY
     steps = report["metrics"]
@@ -103,6 +104,7 @@ def _learner(offload: bool, out: Path) -> None:
             learner.save_checkpoint(str(out / "checkpoint"))
             report["away_after_save"] = away()
     np.savez(out / "params.npz", **learner.parameters_snapshot())
+    learner.offload.bring_back()  # as in a resumed run's new learner: the states on the device when it loads
     learner.load_checkpoint(str(out / "checkpoint"))
     report["away_after_load"] = away()
     step(3)
