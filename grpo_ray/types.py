@@ -251,6 +251,6 @@ class SyncReport:
 
 @dataclass(frozen=True)
 class Probe:
-    input_ids: np.ndarray  # [1, T]
-    attention_mask: np.ndarray  # [1, T]
-    completion_mask: np.ndarray  # [1, T]
+    input_ids: np.ndarray  # [N, T] right-padded
+    attention_mask: np.ndarray  # [N, T]
+    completion_mask: np.ndarray  # [N, T] 1 on each row's answer and end-of-turn token

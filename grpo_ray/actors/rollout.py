@@ -75,6 +75,7 @@ class RolloutWorker:
         self._buckets: list[list[int]] = []
         self._in_place: list | None = None  # the engine's weights as one tensor per bucket (hf engine)
         self._drop: dict[int, int] | None = None  # fault drill for the next sync (drop_bucket_in_next_sync)
+        self._keep_old: list[int] = []  # fault drill: shards that stop loading what they receive (keep_old_weights)
 
     def ready(self) -> str:
         return self.name
@@ -194,6 +195,12 @@ class RolloutWorker:
         """Fault drill (tests): in the next sync, vLLM shard `shard` neither loads nor counts `bucket`."""
         self._drop = {shard: bucket}
 
+    def keep_old_weights(self, shard: int = 0, keep: bool = True) -> None:
+        """Fault drill (tests): from the next sync on, this worker's engine (vLLM: its shard `shard`)
+        receives and counts every bucket, so its digests match, but loads none: an engine that keeps
+        its old weights, which only the weight probe can catch. keep=False ends the drill."""
+        self._keep_old = sorted(set(self._keep_old) | {shard}) if keep else [s for s in self._keep_old if s != shard]
+
     def sleep(self) -> None:
         """After the rollout, free the engine's GPU for the update (rollout.vllm.sleep_level > 0)."""
         if self.settings.vllm_sleep_level and not self._asleep:
@@ -214,7 +221,7 @@ class RolloutWorker:
         started = time.perf_counter()
         if self._shards_receive:
             drop, self._drop = self._drop, None
-            shards = self._engine_call(self.engine.receive_weights, version, drop)
+            shards = self._engine_call(self.engine.receive_weights, version, drop, self._keep_old)
             self.policy_version = version
             return [SyncReport(who=f"{self.name} (tp rank {s['shard']})", version=version, checksum=s["checksum"],
                                num_bytes=s["num_bytes"], seconds=s["seconds"], during_generation=s["during_generation"])
@@ -222,7 +229,15 @@ class RolloutWorker:
         assert self._group is not None, "join_weight_sync first"
         tally = ReceiveTally()
         try:
-            if self._in_place is not None:
+            if self._keep_old and self._in_place is not None:  # the drill: received and counted, then put back
+                kept = [tensor.clone() for tensor in self._in_place]
+                receive_into(self._group, self._in_place, tally)
+                for tensor, old in zip(self._in_place, kept):
+                    tensor.copy_(old)
+            elif self._keep_old:
+                for _ in receive_buckets(self._group, self._specs, self._buckets, tally):
+                    pass
+            elif self._in_place is not None:
                 receive_into(self._group, self._in_place, tally)
             else:
                 self.engine.load_weights(receive_buckets(self._group, self._specs, self._buckets, tally))

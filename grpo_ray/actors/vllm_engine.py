@@ -292,10 +292,11 @@ class VllmEngine:
         seconds = [s for s in self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))) if s is not None]
         return max(seconds) if seconds else None
 
-    def receive_weights(self, version: int, drop: dict[int, int] | None = None) -> list[dict]:
+    def receive_weights(self, version: int, drop: dict[int, int] | None = None, keep_old: list[int] | None = None) -> list[dict]:
         """Every shard receives and loads every bucket; one report per shard (vllm_transfer.py).
 
-        drop: {shard: bucket} the fault drill's shards leave out (tests only)."""
+        drop: {shard: bucket} the fault drill's shards leave out; keep_old: the drill's shards that
+        count every bucket but load none (tests only)."""
         _, update = transfer_requests()
 
         async def update_all():
@@ -309,7 +310,8 @@ class VllmEngine:
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.start_weight_update()
-                await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}))))
+                await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}),
+                                                                keep_old=list(keep_old or []))))
                 await finish_weight_update(self.llm, version)
                 self._stale_prefixes = not await self.llm.reset_prefix_cache()
             finally:

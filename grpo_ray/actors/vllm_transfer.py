@@ -53,6 +53,9 @@ class BucketUpdateInfo:
     # Fault drill: {shard rank: bucket index} a shard receives but neither loads nor counts,
     # as a worker that dropped a bucket would (tests/integration/test_vllm_engine.py).
     drop: dict = field(default_factory=dict)
+    # Fault drill: shards that receive and count every bucket, so their digests match, but load none
+    # (an engine that keeps its old weights: only the weight probe can tell).
+    keep_old: list = field(default_factory=list)
 
 
 class BucketWeightTransferEngine(WeightTransferEngine):
@@ -89,11 +92,13 @@ class BucketWeightTransferEngine(WeightTransferEngine):
         started = time.perf_counter()
         tally = ReceiveTally()
         dropped = update_info.drop.get(self.shard, update_info.drop.get(str(self.shard)))
+        keeps_old = self.shard in update_info.keep_old
         try:
             for index, flat in arriving(self.group, self.specs, self.buckets, fresh=True):
                 if index == dropped:
                     continue
-                self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
+                if not keeps_old:
+                    self.model.load_weights(bucket_tensors(flat, self.specs, self.buckets[index]))
                 tally.add(flat)
         except Exception:
             self.group = None  # broken (the sender or a peer died): the driver forms a new one

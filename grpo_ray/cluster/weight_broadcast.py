@@ -8,10 +8,10 @@ weights, else one. A rank on learner rank 0's device takes the hand-off (handles
 device, transport/handoff.py), the others the broadcast group (transport/routes.py). Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
 received and loaded must equal the one learner rank 0 computed over what it sent; a vLLM shard
 that missed a bucket is named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine scores
-a fixed probe sequence, and its log-probs must be the learner's to within the tolerance or closer
-to the learner's than to those of the last probed version (transport/probe.py: GPU kernels drift
-past any fixed tolerance). A checksum of the engine's own parameters would not do, since vLLM
-repacks some weight matrices.
+a fixed probe, and transport/probe.py tells from its log-probs whether it holds the new weights or
+those of the last version it was shown to hold, when the updates since moved the probe past the
+kernels' noise (measured per engine at start-up), and says "undecided" otherwise. A checksum of
+the engine's own parameters would not do, since vLLM repacks some weight matrices.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import ray
 from grpo_ray.cluster.placement import error_line, node_address_and_port
 from grpo_ray.transport.broadcast import CPU_DEVICE, choose_backend, spec_bytes
 from grpo_ray.transport.routes import Seat
-from grpo_ray.transport.probe import read_probe
+from grpo_ray.transport.probe import ProbeBaseline, read_probe, start_baseline
 from grpo_ray.types import Probe, SyncReport
 
 
@@ -41,19 +41,34 @@ class WeightSyncError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ProbeSummary:
+    """One probe over every rollout worker (transport/probe.py); none of them "not loaded"."""
+
+    max_abs_diff: float  # largest |engine - learner| log-prob over the completion tokens, all workers
+    undecided: int  # workers whose probe could not tell (the updates moved it less than the kernels' noise)
+    moved: float  # the least mean movement of the learner's log-probs since a worker's baseline
+    kernel_gap: float  # the largest engine-learner kernel gap a verdict allowed for
+    notice: str | None = None  # the first undecided worker's one-line explanation
+
+
+@dataclass(frozen=True)
 class SyncResult:
     version: int
     seconds: float
     num_bytes: int
-    probe_max_abs_diff: float | None
+    probe: ProbeSummary | None  # None when no probe was due
     during_generation: int = 0  # rollout workers whose engine was generating when the weights landed
     wake_seconds: float = 0.0  # sleeping engines taking back their weights' and KV cache's memory
+
+    @property
+    def probe_max_abs_diff(self) -> float | None:
+        return None if self.probe is None else self.probe.max_abs_diff
 
 
 class WeightBroadcaster:
     def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
                  keep_versions: int = 0, during_generation: bool = False, same_device: str = "handoff",
-                 sleeps: bool = False):
+                 sleeps: bool = False, probe: Probe | None = None):
         """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
         keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
         started ahead, up to rollout.max_staleness updates old, is finished after the next version
@@ -62,7 +77,9 @@ class WeightBroadcaster:
         while they generate (config.syncs_during_generation) instead of after.
         same_device: "handoff" (ranks on learner rank 0's device take the hand-off) or "broadcast".
         sleeps: the rollout engines sleep during the update (rollout.vllm.sleep_level): a sync wakes
-        their weights first (a sleeping engine cannot load), then, once loaded, their KV cache."""
+        their weights first (a sleeping engine cannot load), then, once loaded, their KV cache.
+        probe: the probe later syncs will check (weight_sync.probe_every); scored here by the learner
+        and every engine, which must all still hold the starting weights, as its baseline."""
         self.learners, self.rollouts, self.timeout_s, self.adapter_only = learners, rollouts, timeout_s, adapter_only
         self.keep_versions = keep_versions
         self.during_generation = during_generation
@@ -76,7 +93,10 @@ class WeightBroadcaster:
         self.version = 0  # the weights version the rollout workers hold
         self.target = 0  # the version the last sync was asked for: a re-send after a failure sends it
         self.last: SyncResult | None = None
-        self._probed: tuple[int, np.ndarray] | None = None  # (version, the learner's probe log-probs then)
+        self._baselines: dict[int, ProbeBaseline] = {}  # per rollout worker (transport/probe.py)
+        self.start_gaps: list[float] = []  # each engine's probe gap to the learner at the start: the kernels' alone
+        if probe is not None:
+            self._calibrate(probe)
 
     def form_group(self) -> None:
         """Learner rank 0 and every rollout rank take a seat in new groups (on fresh ports): at the
@@ -170,10 +190,10 @@ class WeightBroadcaster:
         woken += self._wake(["kv_cache"])  # before the probe: scoring it needs the cache
         self.syncs += 1
         self.version = version
-        diff = self.check_probe(probe, probe_tolerance) if probe is not None else None
+        checked = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         landed = len({r.who.split(" ")[0] for r in received if r.during_generation})
-        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe_max_abs_diff=diff,
+        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe=checked,
                                during_generation=landed, wake_seconds=woken)
         return self.last
 
@@ -251,25 +271,37 @@ class WeightBroadcaster:
         seconds = [s for s in ray.get(calls, timeout=self.timeout_s) if s is not None]
         return num_bytes / max(seconds) / 1e9
 
-    def note_probe(self, probe: Probe) -> None:
-        """Keep the learner's probe log-probs at the weights the rollout workers hold now (the start,
-        or a resume), so that the first probe has an earlier version to compare with."""
-        args = (probe.input_ids, probe.attention_mask, 1.0)
-        self._probed = (self.version, ray.get([learner.score.remote(*args) for learner in self.learners])[0])
-
-    def check_probe(self, probe: Probe, tolerance: float) -> float:
-        """Largest |engine - learner| log-prob over the probe's completion tokens, all workers; a
-        worker whose engine did not load the sent weights (transport/probe.py) fails, named."""
+    def _score_probe(self, probe: Probe) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The learner's probe log-probs and every rollout engine's."""
         args = (probe.input_ids, probe.attention_mask, 1.0)
         learner_refs = [learner.score.remote(*args) for learner in self.learners]
         worker_refs = [worker.score.remote(*args) for worker in self.rollouts]
-        expected = ray.get(learner_refs)[0]
-        previous_version, previous = self._probed if self._probed and self._probed[0] != self.version else (None, None)
-        worst = 0.0
-        for index, got in enumerate(ray.get(worker_refs)):
-            reading = read_probe(got, expected, previous, probe.completion_mask, tolerance)
-            if not reading.loaded:
-                raise WeightSyncError(reading.explain(f"rollout-{index}", tolerance, previous_version))
-            worst = max(worst, reading.to_sent)
-        self._probed = (self.version, expected)
-        return worst
+        return ray.get(learner_refs, timeout=self.timeout_s)[0], ray.get(worker_refs, timeout=self.timeout_s)
+
+    def _calibrate(self, probe: Probe) -> None:
+        """Each engine's baseline: the starting weights, which it and the learner hold now, and the
+        kernels' gap between them there."""
+        expected, engines = self._score_probe(probe)
+        self._baselines = {index: start_baseline(got, expected, probe.completion_mask, self.version)
+                           for index, got in enumerate(engines)}
+        self.start_gaps = [baseline.kernel_gap for baseline in self._baselines.values()]
+
+    def check_probe(self, probe: Probe, tolerance: float) -> ProbeSummary:
+        """Every worker's probe verdict (transport/probe.py); a worker whose engine did not load the
+        sent weights fails the sync, named. The probe must have been given at construction."""
+        if not self._baselines:
+            raise RuntimeError("WeightBroadcaster.check_probe: construct it with the probe, before any update")
+        expected, engines = self._score_probe(probe)
+        readings = []
+        for index, got in enumerate(engines):
+            baseline = self._baselines[index]
+            reading = read_probe(got, expected, baseline, probe.completion_mask, tolerance)
+            if reading.verdict == "not loaded":
+                raise WeightSyncError(reading.explain(f"rollout-{index}", baseline.version))
+            readings.append((index, baseline, reading))
+            self._baselines[index] = reading.next_baseline(baseline, self.version, expected)
+        undecided = [(index, baseline, r) for index, baseline, r in readings if r.verdict == "undecided"]
+        notice = undecided[0][2].explain(f"rollout-{undecided[0][0]}", undecided[0][1].version) if undecided else None
+        return ProbeSummary(max_abs_diff=max(r.max_gap for _, _, r in readings), undecided=len(undecided),
+                            moved=min(r.moved for _, _, r in readings), kernel_gap=max(r.noise for _, _, r in readings),
+                            notice=notice)

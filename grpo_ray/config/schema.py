@@ -91,9 +91,10 @@ class WeightSyncConfig(_Section):
     bucket_mb: float = Field(64.0, gt=0)
     # Compare a probe sequence's log-probs (rollout engine vs learner) every N syncs; 0 disables.
     probe_every: int = Field(10, ge=0)
-    # |rollout - learner| log-prob difference on the probe below which the engine surely holds the
-    # sent weights. Beyond it (GPU kernels drift past any fixed value), it holds them if its
-    # log-probs are closer to the learner's than to those of the last probed version.
+    # The least engine-learner kernel gap (mean |log-prob difference| on the probe) the probe allows
+    # for. The gap is measured per engine at start-up; the probe decides loaded / not loaded only
+    # once the updates moved the learner's probe log-probs 4x past the larger of the two, and
+    # logs sync/probe_undecided otherwise (transport/probe.py).
     probe_tolerance: float = Field(1e-3, gt=0)
     # Seconds a sync may take before it is an error.
     timeout_s: float = Field(600.0, gt=0)

@@ -18,6 +18,9 @@ from grpo_ray.models.loading import check_model_path, load_tokenizer
 from grpo_ray.models.reference_vocab import check_reference_tokenizer
 from grpo_ray.types import Probe, Prompt
 
+# The weight-sync probe: the first training prompts with their answers (make_probe).
+PROBE_ROWS = 8
+
 
 @dataclass(frozen=True)
 class RunInputs:
@@ -74,7 +77,7 @@ def prepare_inputs(cfg: Config) -> RunInputs:
         eval_prompts=evaluation,
         # model.quantization: the learner's base is quantised and the engine's is not, so their
         # log-probs differ by the quantisation error and the probe would stop the run; off.
-        probe=None if cfg.model.quantization else make_probe(train[0], tokenizer),
+        probe=None if cfg.model.quantization else make_probe(train[:PROBE_ROWS], tokenizer),
         pad_id=int(tokenizer.pad_token_id),  # load_tokenizer sets one when the model has none
         skipped_rows=skipped + eval_skipped,
         dropped_too_long=dropped + eval_dropped,
@@ -82,14 +85,18 @@ def prepare_inputs(cfg: Config) -> RunInputs:
     )
 
 
-def make_probe(prompt: Prompt, tokenizer) -> Probe:
-    """A fixed sequence: a training prompt followed by its reference answer and the end-of-turn token."""
-    completion = tokenizer(prompt.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    ids = list(prompt.token_ids) + completion
-    mask = np.zeros((1, len(ids)), dtype=np.float32)
-    mask[0, len(prompt.token_ids) :] = 1.0
-    return Probe(
-        input_ids=np.array([ids], dtype=np.int64),
-        attention_mask=np.ones((1, len(ids)), dtype=np.int64),
-        completion_mask=mask,
-    )
+def make_probe(prompts: list[Prompt], tokenizer) -> Probe:
+    """A fixed batch: each prompt followed by its reference answer and the end-of-turn token, right-padded.
+    Several rows, so that the probe's mean gaps (transport/probe.py) average over more than the few
+    tokens of one short answer."""
+    rows = [(list(p.token_ids), tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+            for p in prompts]
+    width = max(len(prompt) + len(completion) for prompt, completion in rows)
+    input_ids = np.full((len(rows), width), tokenizer.pad_token_id, dtype=np.int64)
+    attention = np.zeros((len(rows), width), dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.float32)
+    for i, (prompt, completion) in enumerate(rows):
+        input_ids[i, : len(prompt) + len(completion)] = prompt + completion
+        attention[i, : len(prompt) + len(completion)] = 1
+        mask[i, len(prompt) : len(prompt) + len(completion)] = 1.0
+    return Probe(input_ids=input_ids, attention_mask=attention, completion_mask=mask)

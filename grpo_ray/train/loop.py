@@ -54,6 +54,7 @@ from grpo_ray.train.resume import already_finished, checkpoint, restore, resume_
 from grpo_ray.train.rows import sample_rows
 from grpo_ray.train.run import PhaseTimer, Progress, Run, TrainResult
 from grpo_ray.train.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
+from grpo_ray.transport.probe import SEPARATION
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
@@ -139,6 +140,10 @@ def _report_sync(sync, console: ConsoleReporter) -> None:
     receivers = sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
     console.info(f"weight sync: {what} ({sync.num_bytes / 1e6:.2f} MB) to {receivers} "
                  f"rank{'s' if receivers > 1 else ''}: {sync.route_line}")
+    if sync.start_gaps:
+        console.info(f"weight probe: engine-learner kernel gap at the start {max(sync.start_gaps):.1e} (mean |log-prob "
+                     f"difference|); a probe tells loaded from stale once the updates moved it {SEPARATION:g}x past that "
+                     "or weight_sync.probe_tolerance, whichever is larger")
 
 
 def _start(run: Run) -> Progress:
@@ -306,11 +311,15 @@ def _sync_weights(run: Run, step: int, probe) -> SyncResult:
     it last generated (idle during the update, or in the sync itself) breaks the sync: Ray restarts it,
     and the learners' weights are sent again to a new group with it. Any other failure ends the run."""
     try:
-        return run.sync.sync(step, probe, run.cfg.weight_sync.probe_tolerance)
+        synced = run.sync.sync(step, probe, run.cfg.weight_sync.probe_tolerance)
     except (WeightSyncError, ray.exceptions.RayError):
         if not run.recovery.replace_dead_rollouts():
             raise
-        return run.sync.last
+        synced = run.sync.last
+    if synced.probe is not None and synced.probe.notice and not run.probe_notice_given:
+        run.console.info(f"step {step}: {synced.probe.notice}")
+        run.probe_notice_given = True
+    return synced
 
 
 def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:

@@ -72,6 +72,9 @@ def step_metrics(
     metrics["sync/during_generation"] = float(synced.during_generation)  # workers it reached mid-batch
     if synced.wake_seconds:  # rollout.vllm.sleep_level: the engines took their memory back (in sync/seconds' phase)
         metrics["sync/wake_seconds"] = synced.wake_seconds
-    if synced.probe_max_abs_diff is not None:
-        metrics["sync/probe_max_abs_diff"] = synced.probe_max_abs_diff
+    if synced.probe is not None:  # transport/probe.py: what the probe could tell
+        metrics["sync/probe_max_abs_diff"] = synced.probe.max_abs_diff
+        metrics["sync/probe_undecided"] = float(synced.probe.undecided)
+        metrics["sync/probe_moved"] = synced.probe.moved
+        metrics["sync/probe_kernel_gap"] = synced.probe.kernel_gap
     return metrics

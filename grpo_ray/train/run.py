@@ -79,9 +79,11 @@ class Run:
                                       keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
                                       during_generation=syncs_during_generation(self.cfg),
                                       same_device=self.cfg.weight_sync.same_device,
-                                      sleeps=self.cfg.rollout.vllm.sleep_level > 0)
-        if self.inputs.probe is not None and self.cfg.weight_sync.probe_every:
-            self.sync.note_probe(self.inputs.probe)  # the first probe then has the starting weights to compare with
+                                      sleeps=self.cfg.rollout.vllm.sleep_level > 0,
+                                      # Scored now, while every role holds the starting weights (a resumed
+                                      # run's too: the checkpoint loads later): each engine's baseline.
+                                      probe=self.inputs.probe if self.cfg.weight_sync.probe_every else None)
+        self.probe_notice_given = False  # the first undecided probe says so in one line; the rest are metrics
         self.recovery = WorkerRecovery(
             self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),

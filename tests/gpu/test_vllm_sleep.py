@@ -74,7 +74,9 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
     wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
     setup_learners(learners)
     try:
-        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=300, sleeps=True)
+        # The probe's baseline, scored now: learner and engine hold the starting weights (issue 46: the
+        # test once noted it after the update, so both distances were the same number by construction).
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=300, sleeps=True, probe=probe)
         assert sync.handoff_ranks + sync.broadcast_ranks == 1
         assert sync.handoff_ranks == 1, f"learner and engine share the GPU: CUDA IPC expected ({sync.notes})"
         args = (batch.input_ids, batch.attention_mask, 1.0)
@@ -102,11 +104,14 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
             ray.get(rollouts[0].sleep.remote())
 
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
-        sync.note_probe(probe)
         result = sync.sync(version=1, probe=probe, probe_tolerance=1e-3)  # wakes weights, loads, wakes the cache
-        print(f"sync: wake {result.wake_seconds:.3f} s, probe gap {result.probe_max_abs_diff}, free after "
-              f"{_free() / 2**30:.2f} GiB", flush=True)
+        print(f"sync: wake {result.wake_seconds:.3f} s, probe gap {result.probe_max_abs_diff} (start-up kernel gap "
+              f"{sync.start_gaps}, the update moved it {result.probe.moved:.2e}), free after {_free() / 2**30:.2f} GiB",
+              flush=True)
         assert result.wake_seconds > 0 and result.probe_max_abs_diff is not None
+        # One update at lr 1e-3 moves the probe far past the kernels' noise: the probe decided, and
+        # "not loaded" would have raised.
+        assert result.probe.undecided == 0, result.probe.notice
         assert _free() <= before + 0.1 * claimed, "the sync woke the engine's memory"
         gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
         assert gap.max() < 5e-3, f"engine and learner log-probs differ by {gap.max():.2e} after sleep and sync"

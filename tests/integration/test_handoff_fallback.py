@@ -24,14 +24,13 @@ def test_a_refused_handoff_falls_back_to_the_broadcast_in_one_line(ray_without_s
     batch, _, advantages, probe = step_batch
     placement, learners, rollouts = start_pair(ray, make_cfg())
     try:
-        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120)
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, probe=probe)
         assert (sync.handoff_ranks, sync.broadcast_ranks) == (0, 1)
         [note] = sync.notes
         assert note.startswith("weight sync: rollout-0 shares learner rank 0's device but cannot take the hand-off (")
         assert "/nonexistent-shm is not a directory" in note and note.endswith("it takes the broadcast") and "\n" not in note
         assert "over gloo" in sync.route_line
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
-        sync.note_probe(probe)
         assert sync.sync(version=1, probe=probe, probe_tolerance=1e-4).probe_max_abs_diff <= 1e-4
     finally:
         for actor in learners + rollouts:

@@ -53,7 +53,7 @@ def step_batch():
     rows = StepRows.from_scored([scored], [scored.rewards], [np.ones(scored.rewards.shape)])
     advantages = group_advantages(rows, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
     assert np.abs(advantages).sum() > 0, "the batch must carry a learning signal"
-    return batch, scored, advantages, make_probe(prompts[0], tokenizer)
+    return batch, scored, advantages, make_probe(prompts, tokenizer)
 
 
 def shard_for(batch, advantages, rows, step=1):
@@ -210,7 +210,8 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
     rollouts = start_rollouts(cfg, placement, rollout_res)
     wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
     setup_learners(learners)
-    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device)
+    # The probe's baseline is scored here, while learner and engine hold the starting weights.
+    sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device, probe=probe)
     if same_device == "handoff":
         assert (sync.handoff_ranks, sync.broadcast_ranks, sync.notes) == (1, 0, [])
         assert "by hand-off" in sync.route_line and len(sync.buckets) > 2  # both slots refilled
@@ -224,9 +225,9 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         stale_gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
         assert stale_gap.max() > 1e-3, "before the sync the engine must still hold the old weights"
 
-        sync.note_probe(probe)  # version 0: the weights the engine holds now
         result = sync.sync(version=1, probe=probe, probe_tolerance=1e-4)
         assert result.num_bytes > 0 and result.probe_max_abs_diff <= 1e-4
+        assert result.probe.undecided == 0, "one update at lr 1e-4 moves the probe far past the kernels' noise"
         gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
         assert gap.max() < 1e-4, f"{backend}: engine and learner log-probs differ by {gap.max():.2e} after the sync"
 
@@ -237,15 +238,14 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         sample_gap = np.abs(learner_view - sampled.rollout_logprobs) * sampled.completion_mask
         assert sample_gap.max() < 1e-4, f"{backend}: sampling log-probs differ by {sample_gap.max():.2e}"
 
-        # A worker that misses an update is caught by the probe and named: with no other version
-        # probed since, by the tolerance; once the driver believes version 2 was loaded, by the
-        # comparison with version 1, whatever the tolerance.
+        # An engine that stops loading what it receives: the digests match, the probe names it, at
+        # a tolerance above the kernels' noise and at one below it.
+        ray.get(rollouts[0].keep_old_weights.remote())
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
-        with pytest.raises(WeightSyncError, match="rollout-0: probe log-probs differ"):
-            sync.check_probe(probe, tolerance=1e-4)
-        sync.version = 2
-        with pytest.raises(WeightSyncError, match=r"rollout-0: .* no closer to them than to the weights of version 1 "):
-            sync.check_probe(probe, tolerance=1e-9)
+        for version, tolerance in ((2, 1e-4), (3, 1e-9)):
+            with pytest.raises(WeightSyncError, match=r"^rollout-0: its engine did not load the sent weights: .* "
+                                                      r"from those of version 1 "):
+                sync.sync(version=version, probe=probe, probe_tolerance=tolerance)
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)

@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
 from grpo_ray.train.loop import train
+from grpo_ray.transport.probe import SEPARATION
 
 from .conftest import HAS_VLLM, ray_processes
 
@@ -104,6 +105,23 @@ def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert len(probe) == 3 and max(probe.values()) < 1e-3
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-3
+
+
+@NEEDS_VLLM
+def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_path, capsys):
+    # The report: this run stopped at step 2 with "its engine did not load the sent weights",
+    # although it had. Now the probe says once that it cannot tell, and logs it at every sync.
+    result = train(quick_cfg(
+        tmp_path, "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "model.dtype=bfloat16",
+        "learner.lr=1e-6", "weight_sync.probe_every=1", "train.steps=10", "train.eval_every=0", "data.eval_limit=20"))
+    assert result.steps == 10
+    undecided = metric_history(result, "sync/probe_undecided")
+    moved, gap = metric_history(result, "sync/probe_moved"), metric_history(result, "sync/probe_kernel_gap")
+    assert sorted(undecided) == list(range(1, 11)) and sorted(moved) == sorted(gap) == list(range(1, 11))
+    # The figures behind each verdict: an undecided sync is one whose updates moved the probe less than 4 gaps.
+    assert all((undecided[s] == 1) == (moved[s] <= SEPARATION * gap[s]) for s in undecided)
+    notices = [line for line in capsys.readouterr().out.splitlines() if "the weight probe cannot tell yet" in line]
+    assert len(notices) == (1 if any(undecided.values()) else 0), notices
 
 
 def run_cli(*args, timeout=300):

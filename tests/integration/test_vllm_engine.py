@@ -46,7 +46,7 @@ def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, ste
     try:
         engine_pids = _children(ray.get(rollouts[0].pid.remote()))
         assert len(engine_pids) >= 3, f"an engine core and two shard processes under the actor, found {engine_pids}"
-        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device)
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, same_device=same_device, probe=probe)
         assert sync.world_size == 3, "learner rank 0 and one rank per shard"
         assert (sync.handoff_ranks, sync.broadcast_ranks) == ((2, 0) if same_device == "handoff" else (0, 2))
         args = (batch.input_ids, batch.attention_mask, 1.0)
@@ -80,7 +80,7 @@ def test_a_sync_lands_in_the_middle_of_a_long_generation_which_then_finishes_on_
     cfg = make_cfg(rollout={"backend": "vllm", "max_staleness": 1, "vllm": {"cpu_kv_cache_gb": 0.25}})
     placement, learners, rollouts = start_pair(ray, cfg)  # the rollout actor gets its sync group
     try:
-        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, during_generation=True)
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, during_generation=True, probe=probe)
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         # 512 prompts x 16 samples: the engine runs 256 sequences at a time, for seconds.
         started = time.monotonic()
@@ -95,7 +95,7 @@ def test_a_sync_lands_in_the_middle_of_a_long_generation_which_then_finishes_on_
         assert sampled.input_ids.shape[0] == 512 * 16
         assert set(sampled.policy_versions.tolist()) == {0}, "rows keep the version their batch started with"
         # The engine holds the new weights (digests already matched): its log-probs are the learner's.
-        assert sync.check_probe(probe, tolerance=1e-4) <= 1e-4
+        assert sync.check_probe(probe, tolerance=1e-4).max_abs_diff <= 1e-4
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)
