@@ -5,8 +5,9 @@
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
 #   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | learner | handoff;
 #   default the first three)
-# sleep: vLLM's sleep-mode tests alone (level 1 failed on an H200 on 2026-11-26, its reason lost; the
-#   likeliest, the test's 1e-5 bound on two batched scorings, is mended), then the learner's state offload;
+# sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
+#   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
+#   tolerance (issue 43's GPU point), then the learner's state offload;
 # sync: the same-device hand-off (CUDA IPC) against gloo for Qwen2.5-0.5B's 1.26 GB (target <= 0.1 s);
 # turns: one GPU shared on-policy with gloo / the hand-off / sleep mode at 0.7 / sleep mode with the
 #   learner's moments and gradients in host memory between updates at 0.8, and pipelined (TURNS_MODES);
@@ -43,8 +44,9 @@ for part in $PARTS; do
         tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
-      timeout ${limit:-240} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py tests/gpu/test_state_offload_cuda.py \
-        2>&1 | tee "$OUT/sleep.log" | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^moments" | tail -40 ;;
+      timeout ${limit:-300} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py tests/gpu/test_weight_probe_cuda.py \
+        tests/gpu/test_state_offload_cuda.py 2>&1 | tee "$OUT/sleep.log" \
+        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^moments|^start gap|^small updates|^GPU bf16" | tail -40 ;;
     tiny)
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
       timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
