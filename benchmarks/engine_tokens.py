@@ -86,11 +86,20 @@ def measure(engine, prompts, max_new_tokens: int, args) -> None:
             for c in group:
                 digest.update(repr(c.token_ids).encode())
     cpu = {name: round(t - cpu_before.get(name, 0.0), 2) for name, t in cpu_seconds().items()}
-    figure = dict(engine=args.engine, max_new_tokens=max_new_tokens, calls=args.calls, tokens=tokens,
-                  seconds=round(seconds, 3), tokens_per_s=round(tokens / seconds), tokens_digest=digest.hexdigest()[:16],
-                  cpu_seconds=cpu)
-    print(f"{args.engine} {max_new_tokens}: {tokens / seconds:.0f} tokens/s ({tokens} tokens in {seconds:.2f} s, "
-          f"digest {figure['tokens_digest']}; CPU s by process: {cpu})")
+    figure = dict(
+        engine=args.engine,
+        max_new_tokens=max_new_tokens,
+        calls=args.calls,
+        tokens=tokens,
+        seconds=round(seconds, 3),
+        tokens_per_s=round(tokens / seconds),
+        tokens_digest=digest.hexdigest()[:16],
+        cpu_seconds=cpu,
+    )
+    print(
+        f"{args.engine} {max_new_tokens}: {tokens / seconds:.0f} tokens/s ({tokens} tokens in {seconds:.2f} s, "
+        f"digest {figure['tokens_digest']}; CPU s by process: {cpu})"
+    )
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps(dict(figure, per_call_tokens_per_s=per_call)) + "\n")

@@ -21,9 +21,14 @@ def summary(paths: dict[str, str]) -> dict:
             digests = sorted({f["tokens_digest"] for f in figures if f["max_new_tokens"] == n})
             calls = [r for f in figures if f["max_new_tokens"] == n for r in f["per_call_tokens_per_s"]]
             result["summary"].setdefault(str(n), {})[side] = dict(
-                median=statistics.median(rates), low=min(rates), high=max(rates), runs=len(rates),
-                per_call_median=statistics.median(calls), per_call_p90=statistics.quantiles(calls, n=10)[-1],
-                tokens_digests=digests)
+                median=statistics.median(rates),
+                low=min(rates),
+                high=max(rates),
+                runs=len(rates),
+                per_call_median=statistics.median(calls),
+                per_call_p90=statistics.quantiles(calls, n=10)[-1],
+                tokens_digests=digests,
+            )
     for n, sides in result["summary"].items():
         if "old" in sides and "new" in sides:
             sides["new_over_old"] = round(sides["new"]["median"] / sides["old"]["median"], 3)

@@ -77,19 +77,34 @@ def grpo_sets(model_dir: Path | str, out: Path, args, pipelined: bool) -> list[s
     fp32: the recipe the probe's false alarm was seen on) on one GPU."""
     tiny = str(model_dir) == "tiny"
     sets = [
-        f"output_dir={out}", f"model.path={model_dir}", f"model.dtype={'float32' if tiny else 'bfloat16'}",
-        f"train.steps={args.steps}", "train.eval_every=0", "train.checkpoint_every=0", "data.eval_limit=4",
-        "data.max_prompt_tokens=64", f"train.prompts_per_step={args.prompts}", f"rollout.samples_per_prompt={args.samples}",
-        f"rollout.max_new_tokens={args.new_tokens}", "rollout.backend=vllm", "rollout.num_gpus=0.5",
-        f"rollout.vllm.gpu_memory_utilization={args.vllm_memory}", "rollout.vllm.enforce_eager=false",
-        f"rollout.vllm.max_model_len={128 if tiny else 512}", "learner.num_gpus=0.5",
-        f"learner.micro_batch_size={args.micro_batch}", f"weight_sync.probe_every={args.probe_every}",
+        f"output_dir={out}",
+        f"model.path={model_dir}",
+        f"model.dtype={'float32' if tiny else 'bfloat16'}",
+        f"train.steps={args.steps}",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "data.eval_limit=4",
+        "data.max_prompt_tokens=64",
+        f"train.prompts_per_step={args.prompts}",
+        f"rollout.samples_per_prompt={args.samples}",
+        f"rollout.max_new_tokens={args.new_tokens}",
+        "rollout.backend=vllm",
+        "rollout.num_gpus=0.5",
+        f"rollout.vllm.gpu_memory_utilization={args.vllm_memory}",
+        "rollout.vllm.enforce_eager=false",
+        f"rollout.vllm.max_model_len={128 if tiny else 512}",
+        "learner.num_gpus=0.5",
+        f"learner.micro_batch_size={args.micro_batch}",
+        f"weight_sync.probe_every={args.probe_every}",
         f"tracking.tracking_uri=file://{out / 'mlruns'}",
     ]
     if args.probe_tolerance is not None:  # else the platform's default, which a user gets
         sets.append(f"weight_sync.probe_tolerance={args.probe_tolerance}")
     if not tiny:  # the tiny recipe keeps its own reward (exact match) and learning rate
-        sets += ["learner.lr=1.0e-6", f"reward.functions=[{{name: tldr_length, options: {{target_chars: {TARGET_CHARS}}}}}]"]
+        sets += [
+            "learner.lr=1.0e-6",
+            f"reward.functions=[{{name: tldr_length, options: {{target_chars: {TARGET_CHARS}}}}}]",
+        ]
     if pipelined:
         sets.append("rollout.max_staleness=1")
     return sets
@@ -100,7 +115,9 @@ def watch(command: list[str], log: Path, stall_seconds: float, env: dict) -> dic
     Returns {returncode, stalled_after_step, stacks}."""
     step_line = re.compile(r"\bstep (\d+)\b")
     with log.open("w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True
+        )
         last_step, last_change = 0, time.monotonic()
         while proc.poll() is None:
             time.sleep(2)
@@ -152,7 +169,7 @@ def grpo_run(name: str, work: Path, model_dir: Path, args, mode: str) -> dict:
     result.update(throughput(metrics, args.warmup, args.prompts * args.samples))
     for key in ("sync/probe_max_abs_diff", "sync/probe_undecided", "sync/probe_moved", "sync/probe_kernel_gap"):
         result[key.split("/")[1]] = [v for _, (v, _) in sorted(metrics.get(key, {}).items())]
-    steps = sorted(metrics["timing/step"])[args.warmup:]
+    steps = sorted(metrics["timing/step"])[args.warmup :]
     for key in ("sync/seconds", "sync/wake_seconds", "timing/sleep", "pipeline/ahead_generated_by_update_end"):
         if key in metrics:  # the hand-off's, sleep mode's and the overlap's own figures
             result[key] = sum(metrics[key][s][0] for s in steps if s in metrics[key]) / len(steps)
@@ -161,12 +178,39 @@ def grpo_run(name: str, work: Path, model_dir: Path, args, mode: str) -> dict:
 
 def trl_run(work: Path, model_dir: Path, args) -> dict:
     prompts = _trl_prompts(model_dir, work / "trl-prompts.jsonl")
-    command = [args.trl_python, str(HERE / "trl_grpo.py"), "--model", str(model_dir), "--prompts", str(prompts), "--gpu",
-               "--reward", "length", "--target-chars", str(TARGET_CHARS), "--steps", str(args.steps), "--warmup-steps",
-               str(args.warmup), "--prompts-per-step", str(args.prompts), "--generations", str(args.samples),
-               "--max-new-tokens", str(args.new_tokens), "--micro-batch", str(args.micro_batch), "--lr", "1e-6",
-               "--vllm-gpu-memory-utilization", str(args.vllm_memory), "--output-dir", str(work / "trl-out"),
-               "--json", str(work / "trl.json")]
+    command = [
+        args.trl_python,
+        str(HERE / "trl_grpo.py"),
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(prompts),
+        "--gpu",
+        "--reward",
+        "length",
+        "--target-chars",
+        str(TARGET_CHARS),
+        "--steps",
+        str(args.steps),
+        "--warmup-steps",
+        str(args.warmup),
+        "--prompts-per-step",
+        str(args.prompts),
+        "--generations",
+        str(args.samples),
+        "--max-new-tokens",
+        str(args.new_tokens),
+        "--micro-batch",
+        str(args.micro_batch),
+        "--lr",
+        "1e-6",
+        "--vllm-gpu-memory-utilization",
+        str(args.vllm_memory),
+        "--output-dir",
+        str(work / "trl-out"),
+        "--json",
+        str(work / "trl.json"),
+    ]
     started = time.perf_counter()
     with (work / "trl.log").open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -176,27 +220,42 @@ def trl_run(work: Path, model_dir: Path, args) -> dict:
 
 
 def table(results: dict) -> str:
-    rows = ["| run | s/step | samples/s | rollout | reward | update | sync | vs TRL |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| run | s/step | samples/s | rollout | reward | update | sync | vs TRL |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     trl = results.get("trl", {}).get("samples_per_s")
     for name, r in results["runs"].items():
         if "samples_per_s" not in r:
-            what = f"stalled after step {r['stalled_after_step']}" if r.get("stalled_after_step") else f"failed ({r.get('returncode')})"
+            what = (
+                f"stalled after step {r['stalled_after_step']}"
+                if r.get("stalled_after_step")
+                else f"failed ({r.get('returncode')})"
+            )
             rows.append(f"| {name} | {what} | | | | | | |")
             continue
         p = r.get("phases", {})
         ratio = f"{r['samples_per_s'] / trl:.2f}x" if trl else ""
-        rows.append(f"| {name} | {r['seconds_per_step']:.2f} | {r['samples_per_s']:.0f} | "
-                    + " | ".join(f"{p.get(k, float('nan')):.2f}" for k in ("rollout", "reward", "update", "sync")) + f" | {ratio} |")
+        rows.append(
+            f"| {name} | {r['seconds_per_step']:.2f} | {r['samples_per_s']:.0f} | "
+            + " | ".join(f"{p.get(k, float('nan')):.2f}" for k in ("rollout", "reward", "update", "sync"))
+            + f" | {ratio} |"
+        )
     return "\n".join(rows)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=["qwen2.5-0.5b", "tiny"], default="qwen2.5-0.5b")
-    parser.add_argument("--tokenizer", default=None, help="a Qwen2 tokenizer folder (tokenizer.json, tokenizer_config.json)")
+    parser.add_argument(
+        "--tokenizer", default=None, help="a Qwen2 tokenizer folder (tokenizer.json, tokenizer_config.json)"
+    )
     parser.add_argument("--trl-python", default=None, help="a Python with trl installed; omitted: no TRL run")
-    parser.add_argument("--modes", default="on-policy,pipelined",
-                        help="comma-separated: on-policy | pipelined, each with options +broadcast +sleep1 +sleep2 +memN")
+    parser.add_argument(
+        "--modes",
+        default="on-policy,pipelined",
+        help="comma-separated: on-policy | pipelined, each with options +broadcast +sleep1 +sleep2 +memN",
+    )
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the rates")
     parser.add_argument("--prompts", type=int, default=32)
@@ -228,9 +287,13 @@ def main() -> None:
         model_dir = work / "model"
         if not (model_dir / "config.json").exists():
             build_model("qwen2.5-0.5b", model_dir, args.tokenizer)
-    results = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-               "date": time.strftime("%Y-%m-%d"), "settings": {k: v for k, v in vars(args).items() if k not in ("json",)},
-               "runs": {}}
+    results = {
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json",)},
+        "runs": {},
+    }
     try:
         import vllm
 

@@ -40,9 +40,17 @@ from grpo_ray.types import LearnerShard, RolloutSlice, SamplingSettings  # noqa:
 
 # Qwen/Qwen2.5-0.5B's config.json (the fields that shape the compute).
 QWEN25_05B = dict(
-    vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-    num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
 )
 # Dense bf16 peak TFLOP/s by device name (NVIDIA's data sheets, SXM parts, no sparsity).
 PEAK_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0, "L40S": 362.05, "A10G": 125.0}
@@ -76,22 +84,42 @@ def random_slice(rows: int, prompt_tokens: int, completion_tokens: int, vocab: i
     completion = np.zeros((rows, width), np.float32)
     completion[:, prompt_tokens:] = 1.0
     return RolloutSlice(
-        group_ids=np.arange(rows) // 8, prompt_uids=np.arange(rows) // 8,
+        group_ids=np.arange(rows) // 8,
+        prompt_uids=np.arange(rows) // 8,
         input_ids=rng.integers(0, vocab, (rows, width)).astype(np.int64),
         attention_mask=np.ones((rows, width), np.int64),
         completion_mask=completion,
         rollout_logprobs=(-rng.random((rows, width)) * completion).astype(np.float32),
-        prompts=[""] * rows, completions=[""] * rows, answers=[""] * rows, finish_reasons=["length"] * rows,
-        row_fields={}, policy_versions=np.zeros(rows, np.int64), group_diversity=np.full(rows, np.nan),
+        prompts=[""] * rows,
+        completions=[""] * rows,
+        answers=[""] * rows,
+        finish_reasons=["length"] * rows,
+        row_fields={},
+        policy_versions=np.zeros(rows, np.int64),
+        group_diversity=np.full(rows, np.nan),
     )
 
 
 def learner_throughput(args, model_dir: Path, dtype: str) -> dict:
     settings = LearnerSettings(
-        model_path=str(model_dir), tokenizer_path=str(model_dir), dtype=dtype, seed=0, zero_stage=0,
-        micro_batch_size=args.micro_batch, grad_accum_steps=args.rows // args.micro_batch, lr=1e-6,
-        weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1.0, torch_threads=4, clip_low=0.2, clip_high=0.28,
-        kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_aggregation="token-mean",
+        model_path=str(model_dir),
+        tokenizer_path=str(model_dir),
+        dtype=dtype,
+        seed=0,
+        zero_stage=0,
+        micro_batch_size=args.micro_batch,
+        grad_accum_steps=args.rows // args.micro_batch,
+        lr=1e-6,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1.0,
+        torch_threads=4,
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        entropy_coef=0.0,
+        loss_aggregation="token-mean",
         gradient_checkpointing=args.gradient_checkpointing,
     )
     learner = LearnerWorker(settings, rank=0, world_size=1)
@@ -100,9 +128,13 @@ def learner_throughput(args, model_dir: Path, dtype: str) -> dict:
     rng = np.random.default_rng(0)
     batch = random_slice(args.rows, args.prompt_tokens, args.completion_tokens, vocab, rng)
     shard = LearnerShard(
-        step=1, advantages=[rng.standard_normal(args.rows).astype(np.float32)],
-        row_weights=[np.ones(args.rows, np.float32)], global_tokens=float(batch.completion_mask.sum()),
-        global_sequences=args.rows, temperature=1.0, norm_length=float(args.completion_tokens),
+        step=1,
+        advantages=[rng.standard_normal(args.rows).astype(np.float32)],
+        row_weights=[np.ones(args.rows, np.float32)],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=args.rows,
+        temperature=1.0,
+        norm_length=float(args.completion_tokens),
     )
     learner.train_step(shard, batch)  # warm-up: kernels chosen, allocator grown
     synchronize()
@@ -113,7 +145,9 @@ def learner_throughput(args, model_dir: Path, dtype: str) -> dict:
     tokens_per_step = tokens / args.steps
     config = learner.module.config
     sequence = args.prompt_tokens + args.completion_tokens
-    flops_per_token = 6 * matmul_parameters(learner.module) + 12 * config.num_hidden_layers * config.hidden_size * sequence
+    flops_per_token = (
+        6 * matmul_parameters(learner.module) + 12 * config.num_hidden_layers * config.hidden_size * sequence
+    )
     achieved = flops_per_token * tokens_per_step / seconds
     peak = peak_flops()
     return {
@@ -133,7 +167,9 @@ def rollout_throughput(args, model_dir: Path, dtype: str) -> dict:
     prompts = [tuple(int(t) for t in rng.integers(0, vocab, args.prompt_tokens)) for _ in range(args.rollout_prompts)]
     engine.generate(prompts[:2], SamplingSettings(samples_per_prompt=2, max_new_tokens=8, temperature=1.0))
     synchronize()
-    sampling = SamplingSettings(samples_per_prompt=args.samples, max_new_tokens=args.new_tokens, temperature=1.0, seed=1)
+    sampling = SamplingSettings(
+        samples_per_prompt=args.samples, max_new_tokens=args.new_tokens, temperature=1.0, seed=1
+    )
     started = time.perf_counter()
     groups = engine.generate(prompts, sampling)
     synchronize()
@@ -188,8 +224,13 @@ def main() -> None:
     dtype = "bfloat16" if torch.cuda.is_available() else "float32"
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = build_model(args.shape, Path(scratch) / "model", args.tokenizer)
-        results = {"device": device_name(), "shape": args.shape, "dtype": dtype, "torch": torch.__version__,
-                   "settings": {k: v for k, v in vars(args).items() if k not in ("json", "tokenizer")}}
+        results = {
+            "device": device_name(),
+            "shape": args.shape,
+            "dtype": dtype,
+            "torch": torch.__version__,
+            "settings": {k: v for k, v in vars(args).items() if k not in ("json", "tokenizer")},
+        }
         results.update(learner_throughput(args, model_dir, dtype))
         print(json.dumps(results, indent=1), flush=True)
         if not args.skip_rollout:

@@ -42,8 +42,15 @@ from grpo_ray.types import LearnerShard, RolloutSlice  # noqa: E402
 
 QWEN2_TOKENIZER = "/work/shared/tokenizers/qwen2"
 CPU_SHAPE = dict(
-    vocab_size=151936, hidden_size=128, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True, hidden_act="silu",
+    vocab_size=151936,
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    tie_word_embeddings=True,
+    hidden_act="silu",
 )
 # name -> learner settings; the first is today's default (the reference for the comparison).
 VARIANTS = {
@@ -71,8 +78,11 @@ def long_tail_batch(args, vocab: int, pad_id: int) -> tuple[RolloutSlice, np.nda
     rng = np.random.default_rng(0)
     rows = args.rows
     long = rng.random(rows) < args.long_fraction
-    lengths = np.where(long, rng.integers(args.long_tokens * 3 // 4, args.long_tokens + 1, rows),
-                       rng.integers(max(1, args.short_tokens // 4), args.short_tokens + 1, rows))
+    lengths = np.where(
+        long,
+        rng.integers(args.long_tokens * 3 // 4, args.long_tokens + 1, rows),
+        rng.integers(max(1, args.short_tokens // 4), args.short_tokens + 1, rows),
+    )
     width = args.prompt_tokens + int(lengths.max())
     ids = np.full((rows, width), pad_id, np.int64)
     attention = np.zeros((rows, width), np.int64)
@@ -85,11 +95,19 @@ def long_tail_batch(args, vocab: int, pad_id: int) -> tuple[RolloutSlice, np.nda
         attention[row, :end] = 1
         completion[row, args.prompt_tokens : end] = 1
     batch = RolloutSlice(
-        group_ids=np.arange(rows) // args.samples, prompt_uids=np.arange(rows) // args.samples,
-        input_ids=ids, attention_mask=attention, completion_mask=completion,
+        group_ids=np.arange(rows) // args.samples,
+        prompt_uids=np.arange(rows) // args.samples,
+        input_ids=ids,
+        attention_mask=attention,
+        completion_mask=completion,
         rollout_logprobs=(-rng.random((rows, width)) * completion).astype(np.float32),
-        prompts=[""] * rows, completions=[""] * rows, answers=[""] * rows, finish_reasons=["stop"] * rows,
-        row_fields={}, policy_versions=np.zeros(rows, np.int64), group_diversity=np.full(rows, np.nan),
+        prompts=[""] * rows,
+        completions=[""] * rows,
+        answers=[""] * rows,
+        finish_reasons=["stop"] * rows,
+        row_fields={},
+        policy_versions=np.zeros(rows, np.int64),
+        group_diversity=np.full(rows, np.nan),
     )
     return batch, rng.standard_normal(rows).astype(np.float32)
 
@@ -98,26 +116,50 @@ def lora_settings(rank: int) -> dict:
     """LoRA r`rank` on q/k/v/o (alpha 2r), the base frozen; 0: full fine-tuning."""
     if not rank:
         return {}
-    return {"lora_enabled": True, "lora_rank": rank, "lora_alpha": 2.0 * rank,
-            "lora_target_modules": ("q_proj", "k_proj", "v_proj", "o_proj")}
+    return {
+        "lora_enabled": True,
+        "lora_rank": rank,
+        "lora_alpha": 2.0 * rank,
+        "lora_target_modules": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    }
 
 
 def run_variant(args, name: str, model_dir: Path, dtype: str, out: Path) -> dict:
     """In this process: one warm step (its parameters saved), then `--steps` timed ones."""
     overrides = {k: (args.max_tokens if v is None else v) for k, v in VARIANTS[name].items()}
     settings = LearnerSettings(
-        model_path=str(model_dir), tokenizer_path=str(model_dir), dtype=dtype, seed=0, zero_stage=0,
-        micro_batch_size=args.micro_batch, grad_accum_steps=args.rows // args.micro_batch, lr=1e-5,
-        weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1.0, torch_threads=args.threads, clip_low=0.2,
-        clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0, loss_aggregation="token-mean",
-        logprob_chunk_tokens=512, **lora_settings(args.lora), **overrides,
+        model_path=str(model_dir),
+        tokenizer_path=str(model_dir),
+        dtype=dtype,
+        seed=0,
+        zero_stage=0,
+        micro_batch_size=args.micro_batch,
+        grad_accum_steps=args.rows // args.micro_batch,
+        lr=1e-5,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1.0,
+        torch_threads=args.threads,
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        entropy_coef=0.0,
+        loss_aggregation="token-mean",
+        logprob_chunk_tokens=512,
+        **lora_settings(args.lora),
+        **overrides,
     )
     learner = LearnerWorker(settings, rank=0, world_size=1)
     learner.setup("127.0.0.1", free_port())
     batch, advantages = long_tail_batch(args, learner.module.config.vocab_size, learner.tokenizer.pad_token_id)
     shard = LearnerShard(
-        step=1, advantages=[advantages], row_weights=[np.ones(args.rows, np.float32)],
-        global_tokens=float(batch.completion_mask.sum()), global_sequences=args.rows, temperature=1.0,
+        step=1,
+        advantages=[advantages],
+        row_weights=[np.ones(args.rows, np.float32)],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=args.rows,
+        temperature=1.0,
         norm_length=float(args.long_tokens),
     )
     started = time.perf_counter()
@@ -132,8 +174,14 @@ def run_variant(args, name: str, model_dir: Path, dtype: str, out: Path) -> dict
         synchronize()
         seconds.append(time.perf_counter() - started)
     real = int(batch.attention_mask.sum())
-    result = {"first_step_s": first, "update_s": float(np.median(seconds)), "steps_s": seconds,
-              "real_tokens": real, "tokens_counted": stats.num_tokens, "trainable": trainable_dtypes(learner.module)}
+    result = {
+        "first_step_s": first,
+        "update_s": float(np.median(seconds)),
+        "steps_s": seconds,
+        "real_tokens": real,
+        "tokens_counted": stats.num_tokens,
+        "trainable": trainable_dtypes(learner.module),
+    }
     if args.profile:
         result["profile_top"] = profile_step(lambda: learner.train_step(shard, batch), args.profile)
     peak = peak_flops()
@@ -197,25 +245,48 @@ def main() -> None:
         Path(args.out).with_suffix(".json").write_text(json.dumps(result))
         return
     names = args.variants.split(",")
-    results = {"date": time.strftime("%Y-%m-%d"), "device": device_name(), "shape": args.shape, "dtype": dtype,
-               "torch": torch.__version__, "settings": {k: v for k, v in vars(args).items()
-                                                       if k not in ("json", "run_one", "model_dir", "out", "variants")},
-               "variants": {}}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": device_name(),
+        "shape": args.shape,
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("json", "run_one", "model_dir", "out", "variants")
+        },
+        "variants": {},
+    }
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "model"
         build_model(args.shape, model_dir, args.tokenizer, getattr(torch, dtype))
         forwarded = [a for a in sys.argv[1:] if not a.startswith("--json")]
         if "--json" in sys.argv:
             at = sys.argv.index("--json")
-            forwarded = sys.argv[1:at] + sys.argv[at + 2:]
+            forwarded = sys.argv[1:at] + sys.argv[at + 2 :]
         for index, name in enumerate(names):
             out = Path(scratch) / f"params{index}.npz"
-            subprocess.run([sys.executable, __file__, *forwarded, "--run-one", name, "--model-dir", str(model_dir),
-                            "--out", str(out)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    *forwarded,
+                    "--run-one",
+                    name,
+                    "--model-dir",
+                    str(model_dir),
+                    "--out",
+                    str(out),
+                ],
+                check=True,
+            )
             result = json.loads(out.with_suffix(".json").read_text())
             params, reference = np.load(out), np.load(Path(scratch) / "params0.npz")
-            result["max_abs_param_diff_vs_first"] = max(float(np.abs(params[k] - reference[k]).max()) for k in params.files)
-            result["speedup_vs_first"] = results["variants"][names[0]]["update_s"] / result["update_s"] if index else 1.0
+            result["max_abs_param_diff_vs_first"] = max(
+                float(np.abs(params[k] - reference[k]).max()) for k in params.files
+            )
+            result["speedup_vs_first"] = (
+                results["variants"][names[0]]["update_s"] / result["update_s"] if index else 1.0
+            )
             results["variants"][name] = result
             print(name, json.dumps(result), flush=True)
     print(json.dumps(results, indent=1))

@@ -78,12 +78,18 @@ def main() -> None:
         # The learner's log-prob function (each distinct prompt run once): the loop differs from
         # grpo-ray in orchestration only.
         logprobs, _ = completion_logprobs(
-            model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask),
+            model,
+            torch.from_numpy(batch.input_ids),
+            torch.from_numpy(batch.attention_mask),
             torch.from_numpy(batch.completion_mask),
         )
         out = grpo_loss(
-            logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=advantages,
-            mask=torch.from_numpy(batch.completion_mask), clip_low=0.2, clip_high=0.2,
+            logprobs=logprobs,
+            old_logprobs=logprobs.detach(),
+            advantages=advantages,
+            mask=torch.from_numpy(batch.completion_mask),
+            clip_low=0.2,
+            clip_high=0.2,
         )
         optimizer.zero_grad()
         out.loss.backward()

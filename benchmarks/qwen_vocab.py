@@ -37,11 +37,22 @@ def build_model(folder: Path, tokenizer_dir: Path = QWEN2_TOKENIZER, hidden: int
         return folder
     missing = [name for name in TOKENIZER_FILES if not (tokenizer_dir / name).exists()]
     if missing:
-        raise SystemExit(f"error: {tokenizer_dir} lacks {', '.join(missing)}; pass --qwen-tokenizer DIR with the Qwen2 tokenizer files")
+        raise SystemExit(
+            f"error: {tokenizer_dir} lacks {', '.join(missing)}; pass --qwen-tokenizer DIR with the Qwen2 "
+            "tokenizer files"
+        )
     config = Qwen2Config(
-        vocab_size=QWEN2_VOCAB, hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, max_position_embeddings=512,
-        tie_word_embeddings=True, bos_token_id=ENDOFTEXT, eos_token_id=ENDOFTEXT, pad_token_id=ENDOFTEXT,
+        vocab_size=QWEN2_VOCAB,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=ENDOFTEXT,
+        eos_token_id=ENDOFTEXT,
+        pad_token_id=ENDOFTEXT,
     )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float()
@@ -52,8 +63,16 @@ def build_model(folder: Path, tokenizer_dir: Path = QWEN2_TOKENIZER, hidden: int
     return folder
 
 
-def probe(model_dir: str, chunk: int, rows: int, prompts: int, prompt_tokens: int, completion_tokens: int,
-          repeats: int, threads: int) -> dict:
+def probe(
+    model_dir: str,
+    chunk: int,
+    rows: int,
+    prompts: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    repeats: int,
+    threads: int,
+) -> dict:
     """Seconds and peak RSS of the learner's log-probs forward + backward on one micro-batch."""
     import torch
 
@@ -80,9 +99,16 @@ def probe(model_dir: str, chunk: int, rows: int, prompts: int, prompt_tokens: in
         ((logprobs * completion).sum() / completion.sum()).backward()
         seconds.append(time.perf_counter() - started)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"chunk_tokens": chunk, "rows": rows, "tokens_per_row": ids.shape[1], "seconds": statistics.median(seconds),
-            "peak_rss_mb": peak_mb, "rss_before_mb": before_mb, "peak_above_loaded_mb": peak_mb - before_mb,
-            "threads": threads}
+    return {
+        "chunk_tokens": chunk,
+        "rows": rows,
+        "tokens_per_row": ids.shape[1],
+        "seconds": statistics.median(seconds),
+        "peak_rss_mb": peak_mb,
+        "rss_before_mb": before_mb,
+        "peak_above_loaded_mb": peak_mb - before_mb,
+        "threads": threads,
+    }
 
 
 def _rss_mb() -> float:
@@ -108,8 +134,20 @@ def main() -> None:
     if args.command == "build":
         print(build_model(Path(args.folder)))
         return
-    print(json.dumps(probe(args.model, args.chunk, args.rows, args.prompts, args.prompt_tokens, args.completion_tokens,
-                           args.repeats, args.threads)))
+    print(
+        json.dumps(
+            probe(
+                args.model,
+                args.chunk,
+                args.rows,
+                args.prompts,
+                args.prompt_tokens,
+                args.completion_tokens,
+                args.repeats,
+                args.threads,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":
@@ -130,10 +168,19 @@ def _settings(model_dir: Path, steps: int) -> list[str]:
     differ and every step updates (on a random model exact match scores every completion 0, and
     every 32-token completion has enough words for length_words' 1)."""
     prompts, samples = ROWS_PER_STEP
-    return [f"model.path={model_dir}", f"train.steps={steps}", "train.eval_every=0", "data.eval_limit=4",
-            "data.max_prompt_tokens=64", "weight_sync.probe_every=0", f"train.prompts_per_step={prompts}",
-            f"rollout.samples_per_prompt={samples}", f"rollout.max_new_tokens={NEW_TOKENS}",
-            "learner.micro_batch_size=32", "reward.functions=[{name: tldr_length, options: {target_chars: 100}}]"]
+    return [
+        f"model.path={model_dir}",
+        f"train.steps={steps}",
+        "train.eval_every=0",
+        "data.eval_limit=4",
+        "data.max_prompt_tokens=64",
+        "weight_sync.probe_every=0",
+        f"train.prompts_per_step={prompts}",
+        f"rollout.samples_per_prompt={samples}",
+        f"rollout.max_new_tokens={NEW_TOKENS}",
+        "learner.micro_batch_size=32",
+        "reward.functions=[{name: tldr_length, options: {target_chars: 100}}]",
+    ]
 
 
 def _trl_prompts(model_dir: Path, path: Path) -> Path:
@@ -174,8 +221,13 @@ def run_mode(args, sbs) -> None:
     print(f"runs in {work}", flush=True)
     model_dir = build_model(work / "qwen-vocab-model", Path(args.qwen_tokenizer))
     completions = ROWS_PER_STEP[0] * ROWS_PER_STEP[1]
-    figures: dict = {"model": "random Qwen2, 2 layers x 128, tied embedding, vocab 151,936, Qwen2 tokenizer",
-                     "rows_per_step": completions, "max_new_tokens": NEW_TOKENS, "steps": args.steps, "warmup": args.warmup}
+    figures: dict = {
+        "model": "random Qwen2, 2 layers x 128, tied embedding, vocab 151,936, Qwen2 tokenizer",
+        "rows_per_step": completions,
+        "max_new_tokens": NEW_TOKENS,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
     trees = {"after": sbs.ROOT}
     if args.before_tree:
         trees["before"] = Path(args.before_tree).resolve()
@@ -188,12 +240,35 @@ def run_mode(args, sbs) -> None:
             _probe(sbs, work, model_dir, chunk, tree, f"probe-{label}-{chunk}", reuse) for chunk in chunks
         ]
     if sbs.TRL_PYTHON.exists():
-        sbs.run([str(sbs.TRL_PYTHON), str(sbs.HERE / "trl_grpo.py"), "--model", str(model_dir),
-                 "--prompts", str(_trl_prompts(model_dir, work / "prompts.jsonl")), "--steps", str(args.steps),
-                 "--warmup-steps", str(args.warmup), "--prompts-per-step", str(ROWS_PER_STEP[0]),
-                 "--generations", str(ROWS_PER_STEP[1]), "--max-new-tokens", str(NEW_TOKENS), "--micro-batch", "32",
-                 "--output-dir", str(work / "trl-out"), "--json", str(work / "trl.json")],
-                work / "trl.log", work / "trl.json", reuse)
+        sbs.run(
+            [
+                str(sbs.TRL_PYTHON),
+                str(sbs.HERE / "trl_grpo.py"),
+                "--model",
+                str(model_dir),
+                "--prompts",
+                str(_trl_prompts(model_dir, work / "prompts.jsonl")),
+                "--steps",
+                str(args.steps),
+                "--warmup-steps",
+                str(args.warmup),
+                "--prompts-per-step",
+                str(ROWS_PER_STEP[0]),
+                "--generations",
+                str(ROWS_PER_STEP[1]),
+                "--max-new-tokens",
+                str(NEW_TOKENS),
+                "--micro-batch",
+                "32",
+                "--output-dir",
+                str(work / "trl-out"),
+                "--json",
+                str(work / "trl.json"),
+            ],
+            work / "trl.log",
+            work / "trl.json",
+            reuse,
+        )
         figures["trl"] = json.loads((work / "trl.json").read_text())
     results = sbs.HERE / "results"
     (results / "side_by_side_qwen_vocab.json").write_text(json.dumps(figures, indent=2) + "\n")
@@ -204,20 +279,32 @@ def run_mode(args, sbs) -> None:
 
 
 def _markdown(f: dict) -> str:
-    lines = [f"Qwen-vocabulary mode: {f['model']}; {f['rows_per_step']} completions of {f['max_new_tokens']} tokens a step,",
-             f"{f['steps']} steps ({f['warmup']} warm-up left out), one learner, hf rollout, no KL.", "",
-             "| run | samples/s | s/step | rollout s | update s |", "|---|---|---|---|---|"]
+    lines = [
+        f"Qwen-vocabulary mode: {f['model']}; {f['rows_per_step']} completions of {f['max_new_tokens']} tokens a step,",
+        f"{f['steps']} steps ({f['warmup']} warm-up left out), one learner, hf rollout, no KL.",
+        "",
+        "| run | samples/s | s/step | rollout s | update s |",
+        "|---|---|---|---|---|",
+    ]
     for label in ("before", "after"):
         if label in f:
             r = f[label]
-            lines.append(f"| grpo-ray {label} | {r['samples_per_s']:.2f} | {r['seconds_per_step']:.2f} | "
-                         f"{r['phases']['rollout']:.2f} | {r['phases']['update']:.2f} |")
+            lines.append(
+                f"| grpo-ray {label} | {r['samples_per_s']:.2f} | {r['seconds_per_step']:.2f} | "
+                f"{r['phases']['rollout']:.2f} | {r['phases']['update']:.2f} |"
+            )
     if "trl" in f:
         t = f["trl"]
         lines.append(f"| TRL {t['trl_version']} | {t['samples_per_s']:.2f} | {t['seconds_per_step']:.2f} | | |")
-    lines += ["", "Learner probe: one micro-batch (32 rows x 62 tokens, 8 prompts shared by 4 rows each) log-probs "
-              "forward + backward in a process of its own; peak RSS (ru_maxrss) above the RSS once the model and inputs are loaded.",
-              "", "| code | chunk_tokens | seconds | peak RSS above loaded, MB |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "Learner probe: one micro-batch (32 rows x 62 tokens, 8 prompts shared by 4 rows each) log-probs "
+        "forward + backward in a process of its own; peak RSS (ru_maxrss) above the RSS once the model and "
+        "inputs are loaded.",
+        "",
+        "| code | chunk_tokens | seconds | peak RSS above loaded, MB |",
+        "|---|---|---|---|",
+    ]
     for label in ("before", "after"):
         for p in f.get(label, {}).get("learner_probe", []):
             lines.append(f"| {label} | {p['chunk_tokens']} | {p['seconds']:.2f} | {p['peak_above_loaded_mb']:.0f} |")

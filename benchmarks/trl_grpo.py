@@ -113,8 +113,11 @@ def main() -> None:
         num_iterations=1,
         use_cpu=not args.gpu,
         bf16=args.gpu,
-        **(dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization)
-           if args.gpu else {}),
+        **(
+            dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization)
+            if args.gpu
+            else {}
+        ),
         seed=args.seed,
         logging_steps=1,
         report_to="none",
@@ -123,12 +126,18 @@ def main() -> None:
         dataloader_num_workers=0,
     )
     clock = StepClock()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[clock],
+    )
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
-    steady = clock.seconds[args.warmup_steps:] or clock.seconds
+    steady = clock.seconds[args.warmup_steps :] or clock.seconds
     seconds_per_step = sum(steady) / len(steady)
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     result = {

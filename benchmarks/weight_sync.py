@@ -68,8 +68,12 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[2.0, 256.0, 1024.0])
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="weight_sync.bucket_mb")
     parser.add_argument("--repeats", type=int, default=3, help="timed syncs per size (the best is kept)")
-    parser.add_argument("--sender-layout", choices=["buckets", "separate"], default="buckets",
-                        help="sender's weights back to back per bucket (sent as they lie) or separate tensors (packed)")
+    parser.add_argument(
+        "--sender-layout",
+        choices=["buckets", "separate"],
+        default="buckets",
+        help="sender's weights back to back per bucket (sent as they lie) or separate tensors (packed)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -94,12 +98,21 @@ def main() -> None:
             if attempt:
                 best = min(best, time.perf_counter() - started)
         raw = timed_raw_broadcast(group, sent)
-        row = {"model_mb": size, "buckets": len(buckets), "sync_gbps": sent / best / 1e9,
-               "raw_broadcast_gbps": sent / raw / 1e9, "sync_seconds": best, "raw_seconds": raw}
+        row = {
+            "model_mb": size,
+            "buckets": len(buckets),
+            "sync_gbps": sent / best / 1e9,
+            "raw_broadcast_gbps": sent / raw / 1e9,
+            "sync_seconds": best,
+            "raw_seconds": raw,
+        }
         row["fraction_of_raw"] = row["sync_gbps"] / row["raw_broadcast_gbps"]
         rows.append(row)
-        print(f"{size:8.0f} MB in {len(buckets):3d} buckets: sync {row['sync_gbps']:.2f} GB/s, plain broadcast "
-              f"{row['raw_broadcast_gbps']:.2f} GB/s ({row['fraction_of_raw']:.0%})", flush=True)
+        print(
+            f"{size:8.0f} MB in {len(buckets):3d} buckets: sync {row['sync_gbps']:.2f} GB/s, plain broadcast "
+            f"{row['raw_broadcast_gbps']:.2f} GB/s ({row['fraction_of_raw']:.0%})",
+            flush=True,
+        )
     child.join(timeout=60)
     if args.json:
         Path(args.json).write_text(json.dumps({"bucket_mb": args.bucket_mb, "rows": rows}, indent=1) + "\n")

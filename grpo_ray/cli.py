@@ -50,8 +50,16 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.rewards import RewardSpecError
     from grpo_ray.train.errors import RunStoppedError
 
-    return (ConfigError, CheckpointError, ClusterError, WeightSyncError, DataError, ModelLoadError, RewardSpecError,
-            RunStoppedError)
+    return (
+        ConfigError,
+        CheckpointError,
+        ClusterError,
+        WeightSyncError,
+        DataError,
+        ModelLoadError,
+        RewardSpecError,
+        RunStoppedError,
+    )
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -93,9 +101,16 @@ OVERRIDES = click.option(
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @OVERRIDES
-@click.option("--address", default=None, help="Check the plan against this running Ray cluster (default: RAY_ADDRESS if set).")
-@click.option("--gpu-memory-gb", default=80.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Memory of one GPU in GiB: the memory plan warns when a role needs more.")
+@click.option(
+    "--address", default=None, help="Check the plan against this running Ray cluster (default: RAY_ADDRESS if set)."
+)
+@click.option(
+    "--gpu-memory-gb",
+    default=80.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Memory of one GPU in GiB: the memory plan warns when a role needs more.",
+)
 @one_line_errors
 def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float) -> None:
     """Print the resolved config, the resources of each role, the batch arithmetic and the memory
@@ -110,7 +125,9 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_m
         click.echo(line)
     click.echo("\n# batch per step")
     click.echo(f"prompts per step               {plan.prompts_per_step}")
-    click.echo(f"completions per step           {plan.completions_per_step} ({cfg.rollout.samples_per_prompt} per prompt)")
+    click.echo(
+        f"completions per step           {plan.completions_per_step} ({cfg.rollout.samples_per_prompt} per prompt)"
+    )
     click.echo(f"prompts per rollout worker     {plan.prompts_per_rollout_worker}")
     click.echo(f"sequences per learner rank     {plan.sequences_per_learner_rank}")
     click.echo(f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)")
@@ -123,8 +140,10 @@ def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_m
             f"temperature {stage.temperature:g}  top_p {stage.top_p:g}  eval temperature {stage.eval_temperature:g}"
         )
     switches = {
-        "dynamic sampling": cfg.algorithm.dynamic_sampling, "substitution": cfg.polaris.substitution,
-        "rescue": cfg.polaris.rescue, "drop-easy": cfg.polaris.drop_easy_threshold is not None,
+        "dynamic sampling": cfg.algorithm.dynamic_sampling,
+        "substitution": cfg.polaris.substitution,
+        "rescue": cfg.polaris.rescue,
+        "drop-easy": cfg.polaris.drop_easy_threshold is not None,
     }
     click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
     lines, warnings = memory_plan(cfg, gpu_memory_gb)
@@ -188,17 +207,27 @@ def _check_against_cluster(cfg, address: str) -> list[str]:
         for name, amount in node.resources.items():
             if name in ("CPU", "GPU") or not (name.startswith("node:") or name in ("memory", "object_store_memory")):
                 totals[name] = totals.get(name, 0.0) + amount
-    click.echo(f"\n# cluster at {address}\n{len(nodes)} nodes: " + ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items())))
+    click.echo(
+        f"\n# cluster at {address}\n{len(nodes)} nodes: " + ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items()))
+    )
     return shortfalls(roles, bundles, nodes)
 
 
 @main.command()
 @click.argument("config", type=click.Path(dir_okay=False))
 @OVERRIDES
-@click.option("--resume/--no-resume", "resume", default=None,
-              help="--resume: continue from the newest checkpoint in output_dir (an error if there is none); "
-                   "--no-resume: start over, moving old checkpoints aside. Default: resume when a checkpoint exists.")
-@click.option("--verbose", is_flag=True, help="Show the libraries' routine notices too (Ray, MLflow, Hugging Face, DeepSpeed), in every actor.")
+@click.option(
+    "--resume/--no-resume",
+    "resume",
+    default=None,
+    help="--resume: continue from the newest checkpoint in output_dir (an error if there is none); "
+    "--no-resume: start over, moving old checkpoints aside. Default: resume when a checkpoint exists.",
+)
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Show the libraries' routine notices too (Ray, MLflow, Hugging Face, DeepSpeed), in every actor.",
+)
 @one_line_errors
 def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose: bool) -> None:
     """Train with a recipe: on RAY_ADDRESS's cluster if set, else on a local Ray started here.
@@ -226,9 +255,15 @@ def rewards() -> None:
 
 
 @rewards.command("score")
-@click.option("--config", "config", required=True, type=click.Path(dir_okay=False), help="Recipe whose reward section to use.")
-@click.option("--data", "data", required=True, type=click.Path(dir_okay=False), help="JSON lines with completion and answer.")
-@click.option("--output", "output", type=click.Path(dir_okay=False), help="Write each row with its scores here (JSON lines).")
+@click.option(
+    "--config", "config", required=True, type=click.Path(dir_okay=False), help="Recipe whose reward section to use."
+)
+@click.option(
+    "--data", "data", required=True, type=click.Path(dir_okay=False), help="JSON lines with completion and answer."
+)
+@click.option(
+    "--output", "output", type=click.Path(dir_okay=False), help="Write each row with its scores here (JSON lines)."
+)
 @OVERRIDES
 @one_line_errors
 def rewards_score(config: str, data: str, output: str | None, overrides: tuple[str, ...]) -> None:
@@ -244,13 +279,26 @@ def rewards_score(config: str, data: str, output: str | None, overrides: tuple[s
 
 @main.command("eval")
 @click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
-@click.option("--data", "data", required=True, multiple=True, help="Benchmark file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.")
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    multiple=True,
+    help="Benchmark file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.",
+)
 @click.option("--n", "n", default=1, show_default=True, type=int, help="Samples per prompt (k of avg@k and pass@k).")
-@click.option("--temperature", default=1.0, show_default=True, type=float, help="Sampling temperature; 0 is greedy (with --n 1).")
+@click.option(
+    "--temperature", default=1.0, show_default=True, type=float, help="Sampling temperature; 0 is greedy (with --n 1)."
+)
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
 @click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
-@click.option("--reward", default="math", show_default=True, help="Reward spec: a built-in name, module:function or file.py:function.")
+@click.option(
+    "--reward",
+    default="math",
+    show_default=True,
+    help="Reward spec: a built-in name, module:function or file.py:function.",
+)
 @click.option("--yarn-factor", default=None, type=float, help="Evaluate with YaRN rope scaling by this factor.")
 @click.option("--output-dir", default="runs/eval", show_default=True, type=click.Path(file_okay=False))
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir.")
@@ -271,13 +319,24 @@ def eval_command(**options) -> None:
 
 @main.command("sweep-temperature")
 @click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
-@click.option("--data", "data", required=True, multiple=True, help="Prompt file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.")
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    multiple=True,
+    help="Prompt file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.",
+)
 @click.option("--temperatures", required=True, help="Comma-separated temperatures > 0, e.g. 0.6,1.0,1.4.")
 @click.option("--n", "n", default=8, show_default=True, type=int, help="Samples per prompt at each temperature.")
 @click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
 @click.option("--top-p", default=1.0, show_default=True, type=float)
 @click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
-@click.option("--reward", default="math", show_default=True, help="Reward spec: a built-in name, module:function or file.py:function.")
+@click.option(
+    "--reward",
+    default="math",
+    show_default=True,
+    help="Reward spec: a built-in name, module:function or file.py:function.",
+)
 @click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file.")
 @click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -305,9 +364,15 @@ def polaris() -> None:
 
 @polaris.command("drop-easy")
 @click.option("--ledger", required=True, help="Prompt ledger the training run saved (JSON lines uid, sum, count).")
-@click.option("--data", "data", required=True, multiple=True, help="The run's data.train_files, in the same order; repeatable.")
-@click.option("--output", required=True, type=click.Path(dir_okay=False), help="Write the records kept here (JSON lines).")
-@click.option("--threshold", default=0.9, show_default=True, type=float, help="Drop prompts whose average reward is above this.")
+@click.option(
+    "--data", "data", required=True, multiple=True, help="The run's data.train_files, in the same order; repeatable."
+)
+@click.option(
+    "--output", required=True, type=click.Path(dir_okay=False), help="Write the records kept here (JSON lines)."
+)
+@click.option(
+    "--threshold", default=0.9, show_default=True, type=float, help="Drop prompts whose average reward is above this."
+)
 @one_line_errors
 def polaris_drop_easy(ledger: str, data: tuple[str, ...], output: str, threshold: float) -> None:
     """Write the training records whose average reward was not above --threshold: the next stage's data."""
@@ -325,21 +390,46 @@ def runs() -> None:
 @runs.command("compare")
 @click.argument("run_ids", nargs=-1)
 @click.option("--experiment", default=None, help="Compare every top-level run of this experiment instead of RUN_IDS.")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", default=None,
-              help="MLflow tracking URI, e.g. sqlite:////abs/runs/try/mlflow.db; default: $MLFLOW_TRACKING_URI.")
-@click.option("--metric", "metrics", multiple=True, metavar="KEY",
-              help="Metric rows to show instead of reward/mean, eval/accuracy, loss/total, timing/step; repeatable.")
-@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write reward/mean and eval/accuracy curves to this PNG.")
+@click.option(
+    "--tracking-uri",
+    envvar="MLFLOW_TRACKING_URI",
+    default=None,
+    help="MLflow tracking URI, e.g. sqlite:////abs/runs/try/mlflow.db; default: $MLFLOW_TRACKING_URI.",
+)
+@click.option(
+    "--metric",
+    "metrics",
+    multiple=True,
+    metavar="KEY",
+    help="Metric rows to show instead of reward/mean, eval/accuracy, loss/total, timing/step; repeatable.",
+)
+@click.option(
+    "--plot",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Write reward/mean and eval/accuracy curves to this PNG.",
+)
 @one_line_errors
-def runs_compare(run_ids: tuple[str, ...], experiment: str | None, tracking_uri: str | None,
-                 metrics: tuple[str, ...], plot: str | None) -> None:
+def runs_compare(
+    run_ids: tuple[str, ...],
+    experiment: str | None,
+    tracking_uri: str | None,
+    metrics: tuple[str, ...],
+    plot: str | None,
+) -> None:
     """Compare MLflow runs side by side.
 
     Rows: the params that differ, the last and best value of each main metric (best is the min for
     loss- and timing-like keys, the max otherwise), status and duration.
     """
     from grpo_ray.commands.runs_compare import (
-        DEFAULT_METRICS, PLOT_METRICS, RunsCompareError, check_plot_path, load_runs, plot_curves, table_lines,
+        DEFAULT_METRICS,
+        PLOT_METRICS,
+        RunsCompareError,
+        check_plot_path,
+        load_runs,
+        plot_curves,
+        table_lines,
     )
 
     try:

@@ -33,8 +33,14 @@ def default_tracking_uri(output_dir: Path) -> str:
 class MlflowTracker:
     """One MLflow run per training run; metrics are logged in batches per step."""
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None, artifact_root: Path | None,
-                 resume_run_id: str | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        run_name: str | None,
+        artifact_root: Path | None,
+        resume_run_id: str | None = None,
+    ):
         # MLflow's file store refuses to work without this; harmless for other stores.
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
@@ -85,7 +91,9 @@ class MlflowTracker:
             for start in range(0, len(batch), 1000):
                 # Queued to MLflow's logging thread: a database commit per step would be ~10% of a
                 # tiny step. flush() waits for the queue (every checkpoint and the run's end).
-                self._pending.append(self.client.log_batch(run_id, metrics=batch[start : start + 1000], synchronous=False))
+                self._pending.append(
+                    self.client.log_batch(run_id, metrics=batch[start : start + 1000], synchronous=False)
+                )
 
     def flush(self) -> None:
         """Wait until every metric logged so far is in the store."""
@@ -202,7 +210,9 @@ class ConsoleReporter:
         if self.stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_steps, file=self.stream, unit="step", dynamic_ncols=True, bar_format=self.BAR_FORMAT)
+            self.bar = tqdm(
+                total=total_steps, file=self.stream, unit="step", dynamic_ncols=True, bar_format=self.BAR_FORMAT
+            )
 
     def info(self, message: str) -> None:
         if self.bar is not None:
@@ -244,8 +254,10 @@ class ConsoleReporter:
         fields = {k: f"{v:.4g}" for k, v in shown.items() if v is not None and math.isfinite(v)}
         if self.pipelined and "pipeline/ahead_during_update" in metrics:
             # The update overlapped this many batches started ahead, of which this many finished before it.
-            fields["ahead"] = (f"{metrics['pipeline/ahead_generated_by_update_end']:.0f}/"
-                               f"{metrics['pipeline/ahead_during_update']:.0f} done")
+            fields["ahead"] = (
+                f"{metrics['pipeline/ahead_generated_by_update_end']:.0f}/"
+                f"{metrics['pipeline/ahead_during_update']:.0f} done"
+            )
         fields["eta"] = _duration(eta)
         return fields
 

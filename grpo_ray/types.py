@@ -70,7 +70,9 @@ class RolloutSlice:
     finish_reasons: list[str]  # [N] "stop" | "length"
     row_fields: dict[str, list[object]]  # extra dataset fields, each a list of N values
     policy_versions: np.ndarray  # [N] int64: weights version each row was sampled with (rescued rows keep theirs)
-    group_diversity: np.ndarray  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts); NaN: no 4-gram
+    group_diversity: (
+        np.ndarray
+    )  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts); NaN: no 4-gram
 
     @property
     def num_rows(self) -> int:
@@ -120,8 +122,10 @@ class RolloutSlice:
             completions=joined("completions"),
             answers=joined("answers"),
             finish_reasons=joined("finish_reasons"),
-            row_fields={name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
-                        for name in sorted({n for p in parts for n in p.row_fields})},
+            row_fields={
+                name: [v for p in parts for v in p.row_fields.get(name, [None] * p.num_rows)]
+                for name in sorted({n for p in parts for n in p.row_fields})
+            },
             policy_versions=np.concatenate([p.policy_versions for p in parts]),
             group_diversity=np.concatenate([p.group_diversity for p in parts]),
         )
@@ -170,7 +174,9 @@ class ScoredSlice:
             group_ids=np.concatenate([p.group_ids for p in parts]),
             prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
             rewards=np.concatenate([p.rewards for p in parts]),
-            per_function={name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function},
+            per_function={
+                name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function
+            },
             failures={name: sum(p.failures[name] for p in parts) for name in parts[0].failures},
             first_errors=first_errors,
             completion_lengths=np.concatenate([p.completion_lengths for p in parts]),

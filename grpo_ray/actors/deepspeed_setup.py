@@ -122,7 +122,11 @@ def join_learner_world(rank: int, world_size: int, master_addr: str, master_port
     # which we never do: skip building it.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0", MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK="0",
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
     )
     # Our own store and gloo interface, so the learners' world listens on master_addr's route
     # only (transport/bind.py); DeepSpeed then takes the initialised group as it is.

@@ -36,13 +36,23 @@ def build_engine(spec: EngineSpec, tokenizer):
         from grpo_ray.actors.vllm_engine import VllmEngine
 
         return VllmEngine(
-            spec.model_path, tokenizer, dtype=spec.dtype, seed=spec.seed, max_model_len=spec.max_model_len,
-            enforce_eager=spec.enforce_eager, gpu_memory_utilization=spec.gpu_memory_utilization,
-            cpu_kv_cache_gb=spec.cpu_kv_cache_gb, tensor_parallel_size=spec.tensor_parallel_size,
-            config_overrides=spec.config_overrides, lora=spec.lora, sleep_mode=spec.sleep_mode,
+            spec.model_path,
+            tokenizer,
+            dtype=spec.dtype,
+            seed=spec.seed,
+            max_model_len=spec.max_model_len,
+            enforce_eager=spec.enforce_eager,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            cpu_kv_cache_gb=spec.cpu_kv_cache_gb,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            config_overrides=spec.config_overrides,
+            lora=spec.lora,
+            sleep_mode=spec.sleep_mode,
         )
     if spec.backend != "hf":
         raise ValueError(f"rollout.backend: {spec.backend!r} is not an engine; use hf or vllm")
     from grpo_ray.actors.hf_engine import HFEngine
 
-    return HFEngine(spec.model_path, tokenizer, dtype=spec.dtype, config_overrides=spec.config_overrides, lora=spec.lora)
+    return HFEngine(
+        spec.model_path, tokenizer, dtype=spec.dtype, config_overrides=spec.config_overrides, lora=spec.lora
+    )

@@ -11,16 +11,31 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from grpo_ray.transport.broadcast import bucket_storage
-from grpo_ray.models.loading import apply_lora, compute_device, load_causal_lm, load_named_weights, sequence_logprobs, tensor_of
+from grpo_ray.models.loading import (
+    apply_lora,
+    compute_device,
+    load_causal_lm,
+    load_named_weights,
+    sequence_logprobs,
+    tensor_of,
+)
 from grpo_ray.models.sampling import draw_tokens
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 
 class HFEngine:
-    def __init__(self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None, lora=None):
+    def __init__(
+        self, model_path: str, tokenizer, dtype: str = "float32", config_overrides: dict | None = None, lora=None
+    ):
         """lora (rank, alpha, target_modules): wrap the model in a fresh adapter, as the learner
         does; weight syncs then load only the adapter's matrices (peft names)."""
         self.tokenizer = tokenizer
@@ -72,8 +87,9 @@ class HFEngine:
         completions = self._completions(generated, logprobs)
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
 
-    def generate_stream(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings,
-                        stop=None) -> Iterator[tuple[int, list[Completion]]]:
+    def generate_stream(
+        self, prompts: list[tuple[int, ...]], sampling: SamplingSettings, stop=None
+    ) -> Iterator[tuple[int, list[Completion]]]:
         """(k, prompt k's completions) for every prompt: transformers generates the batch as one, so
         every group finishes at once (`stop` has nothing to abort)."""
         yield from enumerate(self.generate(prompts, sampling))
@@ -88,7 +104,9 @@ class HFEngine:
         Positions count real tokens only, as `generate` numbers them under left padding.
         """
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         cache = out.past_key_values
         cache.batch_repeat_interleave(samples_per_prompt)
         return cache
@@ -117,7 +135,9 @@ class HFEngine:
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self.model, weights)
 
-    def bucket_storage(self, specs: list[WeightSpec], buckets: list[list[int]], device: torch.device) -> list[torch.Tensor] | None:
+    def bucket_storage(
+        self, specs: list[WeightSpec], buckets: list[list[int]], device: torch.device
+    ) -> list[torch.Tensor] | None:
         """The model's weights moved into one flat tensor per sync bucket, so that syncs are
         received straight into them; None (syncs go through load_weights) when the weights live
         on another device than the broadcast's or the plan names a weight the model lacks."""

@@ -112,6 +112,7 @@ class LearnerWorker:
         # it and importing DeepSpeed (~5 s on 2 cores) overlap the other actors' start.
         choose_deepspeed_accelerator()
         import deepspeed  # noqa: F401
+
         torch.manual_seed(settings.seed)
         self.model = load_causal_lm(settings.model_path, settings.dtype, quantization=settings.quantization)
         if settings.gradient_checkpointing:
@@ -134,7 +135,8 @@ class LearnerWorker:
         optimizer = build_optimizer(s, trainable)
         try:
             self.engine, self.optimizer, _, _ = deepspeed.initialize(
-                model=model, optimizer=optimizer, config=deepspeed_config(s, self.world_size))
+                model=model, optimizer=optimizer, config=deepspeed_config(s, self.world_size)
+            )
         except ValueError as err:
             if "fp16 is not supported" not in str(err):
                 raise
@@ -217,32 +219,54 @@ class LearnerWorker:
             plan = spread(plan, int(count), lengths)
         return plan
 
-    def _micro_step(self, mb: dict[str, torch.Tensor], shard: LearnerShard, learner_old: dict[int, torch.Tensor],
-                    index: int, first_pass: bool) -> dict[str, float]:
+    def _micro_step(
+        self,
+        mb: dict[str, torch.Tensor],
+        shard: LearnerShard,
+        learner_old: dict[int, torch.Tensor],
+        index: int,
+        first_pass: bool,
+    ) -> dict[str, float]:
         """Forward, loss, backward and DeepSpeed's step on one micro-batch; its metrics."""
         s = self.settings
         logprobs, entropy = micro_batch_logprobs(
-            self.engine, mb["input_ids"], mb["attention_mask"], mb["completion_mask"], shard.temperature,
+            self.engine,
+            mb["input_ids"],
+            mb["attention_mask"],
+            mb["completion_mask"],
+            shard.temperature,
             packing=s.packing,
             # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
             share_prompts=s.share_prompts and not s.gradient_checkpointing,
-            chunk_tokens=s.logprob_chunk_tokens, kernel=self.logprob_kernel,
+            chunk_tokens=s.logprob_chunk_tokens,
+            kernel=self.logprob_kernel,
             # liger's fused head computes no entropy: no actor/entropy then (config refuses entropy_coef).
-            with_entropy=self.logprob_kernel == "torch", entropy_grad=s.entropy_coef != 0,
+            with_entropy=self.logprob_kernel == "torch",
+            entropy_grad=s.entropy_coef != 0,
         )
         if first_pass:
             learner_old[index] = logprobs.detach()
         old_logprobs, is_weights = pi_old_and_weights(
-            learner_old[index], mb["rollout_logprobs"], mb["stale"], s.epochs_per_batch, s.staleness_is_cap, s.tis_cap)
+            learner_old[index], mb["rollout_logprobs"], mb["stale"], s.epochs_per_batch, s.staleness_is_cap, s.tis_cap
+        )
         out = grpo_loss(
-            logprobs=logprobs, old_logprobs=old_logprobs, advantages=mb["advantages"],
+            logprobs=logprobs,
+            old_logprobs=old_logprobs,
+            advantages=mb["advantages"],
             mask=mb["completion_mask"] * mb["row_weights"][:, None],
-            clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
-            ref_logprobs=mb.get("ref_logprobs"), kl_estimator=s.kl_estimator,
+            clip_low=s.clip_low,
+            clip_high=s.clip_high,
+            dual_clip=s.dual_clip,
+            ref_logprobs=mb.get("ref_logprobs"),
+            kl_estimator=s.kl_estimator,
             kl_coef=s.kl_coef if shard.kl_coef is None else shard.kl_coef,  # algorithm.kl_controller's
-            entropy=entropy, entropy_coef=s.entropy_coef, is_weights=is_weights,
-            aggregation=s.loss_aggregation, norm_length=shard.norm_length,
-            global_tokens=shard.global_tokens, global_sequences=float(shard.global_sequences),
+            entropy=entropy,
+            entropy_coef=s.entropy_coef,
+            is_weights=is_weights,
+            aggregation=s.loss_aggregation,
+            norm_length=shard.norm_length,
+            global_tokens=shard.global_tokens,
+            global_sequences=float(shard.global_sequences),
         )
         self.engine.backward(out.loss * self.world_size * s.grad_accum_steps)
         self.engine.step()
@@ -319,15 +343,17 @@ class LearnerWorker:
         """Rank 0 only: the sync's yardstick for num_bytes (routes.SendRoutes.raw_seconds)."""
         return self._sync_routes.raw_seconds(num_bytes)
 
-    def send_weights(self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0,
-                     kept: bool = False) -> SyncReport | None:
+    def send_weights(
+        self, version: int, buckets: list[list[int]], adapter_only: bool = False, keep: int = 0, kept: bool = False
+    ) -> SyncReport | None:
         """Every rank calls this (ZeRO-3 gathers are collective); rank 0 sends, others return None.
         keep: rank 0 keeps a copy of the newest `keep` versions sent (transport/kept.py); kept: rank 0
         alone sends the copy of `version` instead of the weights it holds now."""
         if kept:
             started = time.perf_counter()
-            checksum, num_bytes = send_routed(self._sync_routes, iter(self._kept.tensors(version)),
-                                               weight_specs(self.module, adapter_only), buckets)
+            checksum, num_bytes = send_routed(
+                self._sync_routes, iter(self._kept.tensors(version)), weight_specs(self.module, adapter_only), buckets
+            )
             return SyncReport("learner", version, checksum, num_bytes, time.perf_counter() - started)
         started = time.perf_counter()
         params = export_parameters(self.module, adapter_only)
@@ -339,7 +365,7 @@ class LearnerWorker:
                     for i in bucket:
                         yield params[i].data
 
-        with torch.no_grad(), (contextlib.nullcontext() if adapter_only else merged_lora(self.module)):
+        with torch.no_grad(), contextlib.nullcontext() if adapter_only else merged_lora(self.module):
             if self.rank != 0:
                 for _ in bucket_tensors():
                     pass
@@ -353,7 +379,10 @@ class LearnerWorker:
                 self._sync_routes = SendRoutes()
                 raise
         return SyncReport(
-            who="learner", version=version, checksum=checksum, num_bytes=num_bytes,
+            who="learner",
+            version=version,
+            checksum=checksum,
+            num_bytes=num_bytes,
             seconds=time.perf_counter() - started,
         )
 
@@ -396,4 +425,3 @@ class LearnerWorker:
                 self.tokenizer.save_pretrained(path)
                 return path
         return None
-

@@ -35,8 +35,10 @@ def concat_rows(
 
 def averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batches: int) -> dict[str, float]:
     """Per-micro-batch means; mismatch/* come from the first pass only."""
-    return {name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
-            for name, total in sums.items()}
+    return {
+        name: total / (first_pass_micro_batches if name.startswith("mismatch/") else micro_batches)
+        for name, total in sums.items()
+    }
 
 
 def trim_padding(mb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

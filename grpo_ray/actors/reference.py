@@ -22,8 +22,17 @@ from grpo_ray.types import RolloutSlice
 
 
 class ReferenceWorker:
-    def __init__(self, model_path: str, dtype: str, micro_batch_size: int, torch_threads: int = 1, chunk_tokens: int = 0,
-                 packing: bool = False, max_tokens_per_micro_batch: int = 0, logprob_kernel: str = "torch"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        micro_batch_size: int,
+        torch_threads: int = 1,
+        chunk_tokens: int = 0,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int = 0,
+        logprob_kernel: str = "torch",
+    ):
         """chunk_tokens: LM-head positions per chunk (learner.logprob_chunk_tokens); 0: full logits.
         packing, max_tokens_per_micro_batch, logprob_kernel: the learner's (algo.micro_batches,
         models.packing, models.liger_logprobs)."""
@@ -43,7 +52,8 @@ class ReferenceWorker:
         """[N, T] float32 reference log-probs, zero outside completion tokens."""
         out = np.zeros(batch.input_ids.shape, dtype=np.float32)
         plan = plan_micro_batches(
-            batch.attention_mask.sum(axis=1), self.micro_batch_size, self.max_tokens_per_micro_batch, self.packing)
+            batch.attention_mask.sum(axis=1), self.micro_batch_size, self.max_tokens_per_micro_batch, self.packing
+        )
         for rows in plan:
             logprobs, _ = micro_batch_logprobs(
                 self.model,
@@ -51,7 +61,10 @@ class ReferenceWorker:
                 tensor_of(batch.attention_mask[rows]),
                 tensor_of(batch.completion_mask[rows]),
                 temperature,
-                packing=self.packing, share_prompts=True, chunk_tokens=self.chunk_tokens, kernel=self.logprob_kernel,
+                packing=self.packing,
+                share_prompts=True,
+                chunk_tokens=self.chunk_tokens,
+                kernel=self.logprob_kernel,
             )
             out[rows] = logprobs.float().cpu().numpy()
         return (out * batch.completion_mask).astype(np.float32)

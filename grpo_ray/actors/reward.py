@@ -49,8 +49,13 @@ class RewardWorker:
         self.plan = RewardPlan.build(
             entries(functions), {s: entries(fs) for s, fs in (by_source or {}).items()}, source_field
         )
-        self.scorer = RowScorer(self.plan.specs, isolation=isolation.mode, timeout_s=isolation.timeout_s,
-                                processes=isolation.processes, memory_limit_mb=isolation.memory_limit_mb)
+        self.scorer = RowScorer(
+            self.plan.specs,
+            isolation=isolation.mode,
+            timeout_s=isolation.timeout_s,
+            processes=isolation.processes,
+            memory_limit_mb=isolation.memory_limit_mb,
+        )
         self.wants_completion_ids = self.scorer.wants_completion_ids
 
     def pid(self) -> int:

@@ -50,8 +50,7 @@ class RewardModelWorker:
         max_length: int = 1024,
     ):
         if batch_size < 1 or max_length < 1:
-            raise ValueError(
-                f"reward model: batch_size={batch_size}, max_length={max_length}; both must be >= 1")
+            raise ValueError(f"reward model: batch_size={batch_size}, max_length={max_length}; both must be >= 1")
         torch.set_num_threads(torch_threads)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = _load_reward_model(model_path, dtype).to(self.device).eval()
@@ -70,7 +69,7 @@ class RewardModelWorker:
         scores = np.zeros(len(rows), dtype=np.float64)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # longest first: little padding
         for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+            chunk = order[start : start + self.batch_size]
             scores[chunk] = self._score_padded([rows[i] for i in chunk])
         return scores
 
@@ -80,12 +79,13 @@ class RewardModelWorker:
         input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-            attention_mask[i, :len(row)] = 1
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attention_mask[i, : len(row)] = 1
         # The head pools the rightmost token that is not config.pad_token_id: see the module doc.
         _set_pad_token_id(self.model, pad_id)
-        logits = self.model(input_ids=input_ids.to(self.device),
-                            attention_mask=attention_mask.to(self.device)).logits  # [B, 1]
+        logits = self.model(
+            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
+        ).logits  # [B, 1]
         return logits[:, 0].double().cpu().numpy()
 
 
@@ -147,8 +147,7 @@ def _load_reward_model(path: str, dtype: str) -> torch.nn.Module:
     except ModelLoadError:
         raise
     except (OSError, ValueError, AttributeError) as err:
-        raise ModelLoadError(
-            f"reward model {path}: cannot load ({_first_line(err)}); check the path") from None
+        raise ModelLoadError(f"reward model {path}: cannot load ({_first_line(err)}); check the path") from None
 
 
 def build_tiny_reward_model(out_dir: Path, seed: int = 0) -> Path:
@@ -165,8 +164,9 @@ def build_tiny_reward_model(out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     tokenizer = build_tiny_tokenizer()
     with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
-        config = build_tiny_model(len(tokenizer), seed, pad_token_id=tokenizer.pad_token_id,
-                                  eos_token_id=tokenizer.eos_token_id).config
+        config = build_tiny_model(
+            len(tokenizer), seed, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+        ).config
         config.num_labels = 1
         config.tie_word_embeddings = False  # no LM head to tie
         torch.manual_seed(seed)

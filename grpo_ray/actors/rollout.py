@@ -61,13 +61,22 @@ class RolloutWorker:
         self.name = f"rollout-{settings.index}"
         self.tokenizer = load_tokenizer(settings.tokenizer_path)
         model_path = resolve_model_path(settings.model_path)
-        self.engine = build_engine(EngineSpec(
-            settings.backend, model_path, settings.dtype, seed=settings.seed, lora=settings.lora,
-            max_model_len=settings.max_model_len, enforce_eager=settings.vllm_enforce_eager,
-            gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
-            cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb, tensor_parallel_size=settings.tensor_parallel_size,
-            sleep_mode=settings.vllm_sleep_level > 0,
-        ), self.tokenizer)
+        self.engine = build_engine(
+            EngineSpec(
+                settings.backend,
+                model_path,
+                settings.dtype,
+                seed=settings.seed,
+                lora=settings.lora,
+                max_model_len=settings.max_model_len,
+                enforce_eager=settings.vllm_enforce_eager,
+                gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
+                tensor_parallel_size=settings.tensor_parallel_size,
+                sleep_mode=settings.vllm_sleep_level > 0,
+            ),
+            self.tokenizer,
+        )
         self._asleep: set[str] = set()  # what of the engine's memory sleeps: "weights", "kv_cache"
         self.policy_version = 0
         self._group: BucketSource | None = None
@@ -87,7 +96,11 @@ class RolloutWorker:
     # -- generation ------------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int,
+        self,
+        prompts: list[Prompt],
+        group_offset: int,
+        sampling: SamplingSettings,
+        num_slices: int,
         expected_version: int | None = None,
     ) -> tuple[RolloutSlice, ...] | RolloutSlice:
         """Completions for `prompts`, cut into `num_slices` equal slices (one per learner rank).
@@ -108,18 +121,25 @@ class RolloutWorker:
             for completion in completions
         ]
         # Measured here, where every group is whole: a slice may hold part of a group.
-        diversity = {group_offset + k: group_distinct_ratio([c.text for c in completions]) for k, completions in enumerate(groups)}
+        diversity = {
+            group_offset + k: group_distinct_ratio([c.text for c in completions])
+            for k, completions in enumerate(groups)
+        }
         per_slice = len(rows) // num_slices
         pad = self.tokenizer.pad_token_id
         slices = tuple(
-            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, version, diversity)
-            for i in range(num_slices)
+            pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, version, diversity) for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
 
     def generate_chunks(
-        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, groups_per_chunk: int,
-        expected_version: int | None = None, stop: Callable[[], bool] | None = None,
+        self,
+        prompts: list[Prompt],
+        group_offset: int,
+        sampling: SamplingSettings,
+        groups_per_chunk: int,
+        expected_version: int | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[RolloutSlice]:
         """Completions for `prompts`, handed back as they finish: a slice of `groups_per_chunk` whole
         groups each time that many are done (the last one may hold fewer), in the order they finish.
@@ -140,8 +160,9 @@ class RolloutWorker:
         if done and not (stop is not None and stop()):
             yield self._chunk(done, prompts, group_offset, pad, version)
 
-    def _chunk(self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int,
-               version: int) -> RolloutSlice:
+    def _chunk(
+        self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int, version: int
+    ) -> RolloutSlice:
         rows = [(group_offset + k, prompts[k], completion) for k, completions in groups for completion in completions]
         diversity = {group_offset + k: group_distinct_ratio([c.text for c in completions]) for k, completions in groups}
         return pack_slice(rows, pad, version, diversity)
@@ -181,8 +202,9 @@ class RolloutWorker:
         # Where the engine can, its weights become the buckets' storage, no load copy: a broadcast lands
         # in them (on the group's device only), a hand-off is copied into them from wherever its ring is.
         handed = isinstance(self._group, HandoffReceiver)
-        self._in_place = self.engine.bucket_storage(specs, buckets, getattr(self.engine, "device", None) if handed
-                                                    else self._group.device)
+        self._in_place = self.engine.bucket_storage(
+            specs, buckets, getattr(self.engine, "device", None) if handed else self._group.device
+        )
 
     def raw_broadcast(self, num_bytes: int) -> float | None:
         """The receiving side of the learner's plain broadcast of num_bytes (weight-sync yardstick);
@@ -223,9 +245,17 @@ class RolloutWorker:
             drop, self._drop = self._drop, None
             shards = self._engine_call(self.engine.receive_weights, version, drop, self._keep_old)
             self.policy_version = version
-            return [SyncReport(who=f"{self.name} (tp rank {s['shard']})", version=version, checksum=s["checksum"],
-                               num_bytes=s["num_bytes"], seconds=s["seconds"], during_generation=s["during_generation"])
-                    for s in shards]
+            return [
+                SyncReport(
+                    who=f"{self.name} (tp rank {s['shard']})",
+                    version=version,
+                    checksum=s["checksum"],
+                    num_bytes=s["num_bytes"],
+                    seconds=s["seconds"],
+                    during_generation=s["during_generation"],
+                )
+                for s in shards
+            ]
         assert self._group is not None, "join_weight_sync first"
         tally = ReceiveTally()
         try:
@@ -245,10 +275,15 @@ class RolloutWorker:
             self._group = None  # broken (the sender or a peer died): the driver forms a new one
             raise
         self.policy_version = version
-        return [SyncReport(
-            who=self.name, version=version, checksum=tally.checksum, num_bytes=tally.num_bytes,
-            seconds=time.perf_counter() - started,
-        )]
+        return [
+            SyncReport(
+                who=self.name,
+                version=version,
+                checksum=tally.checksum,
+                num_bytes=tally.num_bytes,
+                seconds=time.perf_counter() - started,
+            )
+        ]
 
     def _engine_stream(self, stream: Iterator):
         """Iterate an engine's stream as _engine_call calls a method (a dead engine ends the worker)."""
@@ -266,8 +301,12 @@ class RolloutWorker:
             return method(*args)
         except Exception as err:
             if getattr(self.engine, "dead", False):
-                print(f"{self.name}: its vLLM engine died ({type(err).__name__}); the worker exits so that Ray replaces it",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{self.name}: its vLLM engine died ({type(err).__name__}); the worker exits so that Ray "
+                    "replaces it",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 os._exit(1)
             raise
 
@@ -284,7 +323,9 @@ class StaleWeightsError(RuntimeError):
 
 
 def pack_slice(
-    rows: list[tuple[int, Prompt, Completion]], pad_id: int, policy_version: int,
+    rows: list[tuple[int, Prompt, Completion]],
+    pad_id: int,
+    policy_version: int,
     diversity_by_group: dict[int, float] | None = None,
 ) -> RolloutSlice:
     """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py.

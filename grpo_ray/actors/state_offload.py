@@ -39,8 +39,11 @@ class StateOffload:
         on_gpu = torch.cuda.is_available()
         before = torch.cuda.memory_allocated() if on_gpu else 0
         started = time.perf_counter()
-        self.engine.offload_states(include=[OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.lp_grads],
-                                   device=OffloadDeviceEnum.cpu, pin_memory=on_gpu)
+        self.engine.offload_states(
+            include=[OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.lp_grads],
+            device=OffloadDeviceEnum.cpu,
+            pin_memory=on_gpu,
+        )
         self.away = True
         metrics = {"update/offload_seconds": time.perf_counter() - started}
         if on_gpu:

@@ -34,9 +34,19 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-__all__ = ["WeightTransferEngine", "register_weight_transfer_engine", "start_layerwise_load",
-           "finish_layerwise_load", "engine_args", "make_async_engine", "transfer_requests", "request_id",
-           "sampling_params", "token_prompt", "finish_weight_update"]
+__all__ = [
+    "WeightTransferEngine",
+    "register_weight_transfer_engine",
+    "start_layerwise_load",
+    "finish_layerwise_load",
+    "engine_args",
+    "make_async_engine",
+    "transfer_requests",
+    "request_id",
+    "sampling_params",
+    "token_prompt",
+    "finish_weight_update",
+]
 
 
 def register_weight_transfer_engine(name: str, engine_cls: type) -> None:

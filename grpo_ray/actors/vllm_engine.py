@@ -104,8 +104,14 @@ class VllmEngine:
     ):
         self.tokenizer = tokenizer
         kwargs = dict(
-            model=model_path, dtype=dtype, seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs", tensor_parallel_size=tensor_parallel_size, disable_log_stats=True,
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            tensor_parallel_size=tensor_parallel_size,
+            disable_log_stats=True,
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
@@ -154,8 +160,9 @@ class VllmEngine:
         groups = dict(self.generate_stream(prompts, sampling))
         return [groups[k] for k in range(len(prompts))]
 
-    def generate_stream(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings,
-                        stop: Callable[[], bool] | None = None) -> Iterator[tuple[int, list[Completion]]]:
+    def generate_stream(
+        self, prompts: list[tuple[int, ...]], sampling: SamplingSettings, stop: Callable[[], bool] | None = None
+    ) -> Iterator[tuple[int, list[Completion]]]:
         """(k, prompt k's completions) as each prompt's group finishes, in the order they finish.
 
         `stop` is asked between groups (and every 50 ms while none finishes): True aborts the
@@ -197,12 +204,14 @@ class VllmEngine:
     async def _each(self, prompts: list[list[int]], params: list, finished: queue.Queue) -> asyncio.Future:
         """Start every request (the engine batches them); each one's final output goes to
         `finished` as (k, output), an error as (k, error). Returns the future of them all."""
+
         async def one(k, ids, sampling_params):
             self._running += 1
             try:
                 final = None
-                async for output in self.llm.generate(token_prompt(ids), sampling_params, request_id("grpo"),
-                                                      lora_request=self.lora_request):
+                async for output in self.llm.generate(
+                    token_prompt(ids), sampling_params, request_id("grpo"), lora_request=self.lora_request
+                ):
                     final = output
                 finished.put((k, final))
             except asyncio.CancelledError:  # the stream was stopped: AsyncLLM aborts the request
@@ -219,10 +228,12 @@ class VllmEngine:
 
     async def _all(self, prompts: list[list[int]], params) -> list:
         """Every request at once; each one's final output, in order (the probe's scoring)."""
+
         async def one(ids, sampling_params):
             final = None
-            async for output in self.llm.generate(token_prompt(ids), sampling_params, request_id("grpo"),
-                                                  lora_request=self.lora_request):
+            async for output in self.llm.generate(
+                token_prompt(ids), sampling_params, request_id("grpo"), lora_request=self.lora_request
+            ):
                 final = output
             return final
 
@@ -282,17 +293,24 @@ class VllmEngine:
     def join_weight_sync(self, seats: list, specs: list[WeightSpec], buckets: list[list[int]]) -> None:
         """Shard r takes seats[r] (transport/routes.py)."""
         init, _ = transfer_requests()
-        info = dict(seats=[seat.as_dict() for seat in seats],
-                    specs=[(s.name, tuple(s.shape), s.dtype) for s in specs], buckets=buckets)
+        info = dict(
+            seats=[seat.as_dict() for seat in seats],
+            specs=[(s.name, tuple(s.shape), s.dtype) for s in specs],
+            buckets=buckets,
+        )
         self._run(self.llm.init_weight_transfer_engine(init(init_info=info)))
 
     def raw_broadcast(self, num_bytes: int) -> float | None:
         """Seconds of the learner's plain broadcast of num_bytes, the slowest broadcast shard's
         (None when every shard takes the hand-off)."""
-        seconds = [s for s in self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))) if s is not None]
+        seconds = [
+            s for s in self._run(self.llm.collective_rpc("grpo_raw_broadcast", args=(num_bytes,))) if s is not None
+        ]
         return max(seconds) if seconds else None
 
-    def receive_weights(self, version: int, drop: dict[int, int] | None = None, keep_old: list[int] | None = None) -> list[dict]:
+    def receive_weights(
+        self, version: int, drop: dict[int, int] | None = None, keep_old: list[int] | None = None
+    ) -> list[dict]:
         """Every shard receives and loads every bucket; one report per shard (vllm_transfer.py).
 
         drop: {shard: bucket} the fault drill's shards leave out; keep_old: the drill's shards that
@@ -310,8 +328,9 @@ class VllmEngine:
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.start_weight_update()
-                await self.llm.update_weights(update(update_info=dict(version=version, drop=dict(drop or {}),
-                                                                keep_old=list(keep_old or []))))
+                await self.llm.update_weights(
+                    update(update_info=dict(version=version, drop=dict(drop or {}), keep_old=list(keep_old or [])))
+                )
                 await finish_weight_update(self.llm, version)
                 self._stale_prefixes = not await self.llm.reset_prefix_cache()
             finally:
@@ -352,8 +371,12 @@ class VllmEngine:
         tensors = {name.replace(".default.", "."): tensor.detach().cpu().contiguous() for name, tensor in weights}
         os.makedirs(folder)
         save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
-        LoraConfig(r=self.lora.rank, lora_alpha=self.lora.alpha, target_modules=list(self.lora.target_modules),
-                   task_type="CAUSAL_LM").save_pretrained(folder)
+        LoraConfig(
+            r=self.lora.rank,
+            lora_alpha=self.lora.alpha,
+            target_modules=list(self.lora.target_modules),
+            task_type="CAUSAL_LM",
+        ).save_pretrained(folder)
         self.lora_request = LoRARequest(f"policy-v{version}", version, folder)
         if previous is not None:
             self._run(self.llm.remove_lora(previous.lora_int_id))
@@ -362,6 +385,7 @@ class VllmEngine:
     def shutdown(self) -> None:
         """Stop the engine core and its workers (they are this process's children)."""
         if getattr(self, "llm", None) is not None:
+
             async def stop(llm):  # on the loop its output handler runs on, so that it ends quietly
                 llm.shutdown()
 

@@ -103,8 +103,13 @@ class BucketWeightTransferEngine(WeightTransferEngine):
         except Exception:
             self.group = None  # broken (the sender or a peer died): the driver forms a new one
             raise
-        self.report = dict(shard=self.shard, version=update_info.version, checksum=tally.checksum,
-                           num_bytes=tally.num_bytes, seconds=time.perf_counter() - started)
+        self.report = dict(
+            shard=self.shard,
+            version=update_info.version,
+            checksum=tally.checksum,
+            num_bytes=tally.num_bytes,
+            seconds=time.perf_counter() - started,
+        )
 
     def shutdown(self) -> None:
         self.group = None

@@ -63,14 +63,11 @@ class _Groups(NamedTuple):
 def _groups(rewards: Tensor, group_ids: Tensor) -> _Groups:
     if rewards.dim() != 1 or rewards.shape != group_ids.shape:
         raise ValueError(
-            f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} "
-            f"and {tuple(group_ids.shape)}"
+            f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
         )
     if not rewards.is_floating_point():
         rewards = rewards.float()
-    unique_ids, inverse, counts_int = torch.unique(
-        group_ids, return_inverse=True, return_counts=True
-    )
+    unique_ids, inverse, counts_int = torch.unique(group_ids, return_inverse=True, return_counts=True)
     num_groups = unique_ids.numel()
     counts = counts_int.to(rewards.dtype)
 

@@ -37,9 +37,7 @@ def group_index(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray,
     rewards = np.asarray(rewards, dtype=np.float64)
     group_ids = np.asarray(group_ids)
     if rewards.ndim != 1 or rewards.shape != group_ids.shape:
-        raise ValueError(
-            f"rewards and group_ids must both be [N]; got {rewards.shape} and {group_ids.shape}"
-        )
+        raise ValueError(f"rewards and group_ids must both be [N]; got {rewards.shape} and {group_ids.shape}")
     unique_ids, inverse = np.unique(group_ids, return_inverse=True)
     return rewards, unique_ids, inverse.reshape(-1)
 
@@ -65,7 +63,9 @@ def select_informative_rows(rewards: np.ndarray, group_ids: np.ndarray) -> np.nd
     return np.flatnonzero(~zero_variance_groups(rewards, group_ids)).astype(np.int64)
 
 
-def groups_needed(rewards: np.ndarray, group_ids: np.ndarray, first_group: int, num_groups: int, need: int) -> int | None:
+def groups_needed(
+    rewards: np.ndarray, group_ids: np.ndarray, first_group: int, num_groups: int, need: int
+) -> int | None:
     """How many of the groups first_group, first_group + 1, ... (num_groups of them) it takes to
     hold `need` informative groups, once the groups seen so far settle it; None while they do not.
 

@@ -19,9 +19,7 @@ def _scaled(logits: Tensor, temperature: float) -> Tensor:
     return logits if temperature == 1.0 else logits / temperature
 
 
-def token_logprobs_from_logits(
-    logits: Tensor, target_ids: Tensor, temperature: float = 1.0
-) -> Tensor:
+def token_logprobs_from_logits(logits: Tensor, target_ids: Tensor, temperature: float = 1.0) -> Tensor:
     """Log-probability of each target token under softmax(logits / temperature).
 
     The temperature must be the sampling temperature of the rollout, so that the learner scores

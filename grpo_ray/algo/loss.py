@@ -165,9 +165,7 @@ def behaviour_is_weights(
 
 
 @torch.no_grad()
-def mismatch_stats(
-    learner_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
-) -> dict[str, float]:
+def mismatch_stats(learner_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
     """How far the rollout engine's log-probs are from the learner's, over loss tokens.
 
     Args:
@@ -190,9 +188,7 @@ def mismatch_stats(
         "mismatch/abs_diff_mean": masked_mean(abs_diff, mask),
         "mismatch/abs_diff_max": torch.cat([in_loss_diffs, abs_diff.new_zeros(1)]).max(),
         "mismatch/kl_k3": masked_mean(kl, mask),
-        "mismatch/is_ratio_mean": masked_mean(
-            torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), mask
-        ),
+        "mismatch/is_ratio_mean": masked_mean(torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)), mask),
     }
     floats = torch.stack(list(values.values())).tolist()
     return dict(zip(values, floats))
@@ -273,9 +269,16 @@ def grpo_loss(
 
 
 @torch.no_grad()
-def _loss_metrics(parts: dict[str, torch.Tensor], terms: PolicyLossTerms, mask: torch.Tensor, aggregation: str,
-                  norm_length: float | None, dual_clip: float | None, kl: torch.Tensor | None,
-                  entropy: torch.Tensor | None) -> dict[str, float]:
+def _loss_metrics(
+    parts: dict[str, torch.Tensor],
+    terms: PolicyLossTerms,
+    mask: torch.Tensor,
+    aggregation: str,
+    norm_length: float | None,
+    dual_clip: float | None,
+    kl: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> dict[str, float]:
     """grpo_loss's metrics. Each term is aggregated with this batch's own counts: with global counts a
     micro-batch's loss is only its share of the step's, which reads badly on a chart. The terms add
     up to loss/total."""

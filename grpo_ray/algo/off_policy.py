@@ -27,8 +27,12 @@ def stale_rows(policy_versions: np.ndarray, step: int) -> np.ndarray:
 
 
 def pi_old_and_weights(
-    learner_old: Tensor, rollout_logprobs: Tensor, stale: Tensor, epochs_per_batch: int,
-    stale_cap: float, tis_cap: float | None,
+    learner_old: Tensor,
+    rollout_logprobs: Tensor,
+    stale: Tensor,
+    epochs_per_batch: int,
+    stale_cap: float,
+    tis_cap: float | None,
 ) -> tuple[Tensor, Tensor | None]:
     """(pi_old log-probs [N, T], per-token importance weights [N, T] or None).
 

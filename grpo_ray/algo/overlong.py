@@ -8,7 +8,8 @@ Three treatments, by name:
 - "soft_penalty" (DAPO's overlong reward shaping): no change up to max_len - buffer tokens, then a
   penalty growing linearly to `penalty` at max_len: r - penalty * (len - (max_len - buffer)) / buffer.
 
-    >>> rewards, weights = shape_overlong_rewards(np.array([1.0, 1.0]), np.array([10, 20]), np.array([False, True]), "zero_reward", 20)
+    >>> lengths, truncated = np.array([10, 20]), np.array([False, True])
+    >>> rewards, weights = shape_overlong_rewards(np.array([1.0, 1.0]), lengths, truncated, "zero_reward", 20)
     >>> rewards.tolist(), weights.tolist()
     ([1.0, 0.0], [1.0, 1.0])
 """

@@ -52,9 +52,7 @@ __all__ = [
 ]
 
 
-def group_mean_rewards(
-    rewards: np.ndarray, group_ids: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def group_mean_rewards(rewards: np.ndarray, group_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(`unique_ids [K]` sorted, `mean [K]` over each group's finite rewards (NaN if none),
     `inverse [N]` row -> index into unique_ids)."""
     rewards, unique_ids, inverse = group_index(rewards, group_ids)
@@ -118,9 +116,7 @@ def informative_substitution(
 
     sizes = np.bincount(inverse)
     if sizes.min() != sizes.max():
-        raise ValueError(
-            f"informative substitution needs equal group sizes; got sizes {sorted(set(sizes.tolist()))}"
-        )
+        raise ValueError(f"informative substitution needs equal group sizes; got sizes {sorted(set(sizes.tolist()))}")
     # rows_of[k] = rows of group k, ascending: a stable sort by group keeps row order inside groups.
     rows_of = np.argsort(inverse, kind="stable").reshape(sizes.shape[0], int(sizes[0]))
 

@@ -48,7 +48,9 @@ class LrSegment:
         return self.first_step + self.steps - 1
 
 
-def segment_lr(local_step: int, steps: int, peak_lr: float, kind: LrSchedule | str, warmup_steps: int, min_lr: float) -> float:
+def segment_lr(
+    local_step: int, steps: int, peak_lr: float, kind: LrSchedule | str, warmup_steps: int, min_lr: float
+) -> float:
     """The LR of the segment's step `local_step` (1-based); see the module docstring."""
     if local_step < 1:
         raise ValueError(f"local_step counts from 1; got {local_step}")
@@ -72,8 +74,14 @@ def schedule_lr(step: int, segments: tuple[LrSegment, ...] | list[LrSegment]) ->
             current = segment
     if current is None:
         raise ValueError(f"no learning-rate segment covers step {step}")
-    return segment_lr(step - current.first_step + 1, current.steps, current.peak_lr, current.kind,
-                      current.warmup_steps, current.min_lr)
+    return segment_lr(
+        step - current.first_step + 1,
+        current.steps,
+        current.peak_lr,
+        current.kind,
+        current.warmup_steps,
+        current.min_lr,
+    )
 
 
 def warmup_from_ratio(ratio: float, steps: int) -> int:

@@ -42,8 +42,10 @@ def wait_for(refs: list, owners: dict | None = None, stall_s: float | None = Non
         ready, pending = ray.wait(pending, num_returns=1, timeout=stall_s, fetch_local=False)
         if not ready:
             names = sorted({(owners or {}).get(ref, "?") for ref in pending})
-            raise StalledError(f"{phase} made no progress for {stall_s:g} s (weight_sync.timeout_s): nothing came back "
-                               f"from {', '.join(names)}; raise weight_sync.timeout_s if one call legitimately takes longer")
+            raise StalledError(
+                f"{phase} made no progress for {stall_s:g} s (weight_sync.timeout_s): nothing came back "
+                f"from {', '.join(names)}; raise weight_sync.timeout_s if one call legitimately takes longer"
+            )
 
 
 def finished(refs: list) -> bool:
@@ -61,8 +63,14 @@ def rollout_owners(per_worker: list[list]) -> dict:
     return {ref: f"rollout-{index}" for index, refs in enumerate(per_worker) for ref in refs}
 
 
-def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, num_slices: int, group_offset: int = 0,
-                 version: int | None = None) -> list[list]:
+def rollout_refs(
+    rollouts: list,
+    prompts: list[Prompt],
+    sampling: SamplingSettings,
+    num_slices: int,
+    group_offset: int = 0,
+    version: int | None = None,
+) -> list[list]:
     """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs. `version`: the
     weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError)."""
     refs = []
@@ -72,18 +80,31 @@ def rollout_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettin
     return refs
 
 
-def generate_refs(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int,
-                  version: int | None = None) -> list:
+def generate_refs(
+    worker,
+    prompts: list[Prompt],
+    group_offset: int,
+    sampling: SamplingSettings,
+    num_slices: int,
+    version: int | None = None,
+) -> list:
     out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices, version)
     return out if num_slices > 1 else [out]
 
 
-def chunk_stream(worker, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, groups_per_chunk: int,
-                 version: int | None = None):
+def chunk_stream(
+    worker,
+    prompts: list[Prompt],
+    group_offset: int,
+    sampling: SamplingSettings,
+    groups_per_chunk: int,
+    version: int | None = None,
+):
     """A streaming call: an ObjectRefGenerator of RolloutSlice refs, one per `groups_per_chunk`
     finished groups (RolloutWorker.generate_chunks). ray.cancel(stream) makes the worker abort."""
     return worker.generate_chunks.options(num_returns="streaming").remote(
-        prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
+        prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled
+    )
 
 
 def score_slices(workers: Workers, model_weight: float, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
@@ -102,12 +123,16 @@ def score_tasks(workers: Workers, slice_ref, rows: int) -> tuple[dict[int, objec
 def pool_tasks(rewards: list, slice_ref, rows: int) -> dict[int, object]:
     """The slice's rows split evenly across the reward workers: reward worker index -> its call,
     for the workers that get rows."""
-    return {j: rewards[j].score.remote(slice_ref, start, stop)
-            for j, (start, stop) in enumerate(pool_bounds(rows, len(rewards))) if start < stop}
+    return {
+        j: rewards[j].score.remote(slice_ref, start, stop)
+        for j, (start, stop) in enumerate(pool_bounds(rows, len(rewards)))
+        if start < stop
+    }
 
 
-def reissue_lost_part(rewards: list, tasks: tuple[dict[int, object], object | None], worker: int, slice_ref,
-                      rows: int) -> int:
+def reissue_lost_part(
+    rewards: list, tasks: tuple[dict[int, object], object | None], worker: int, slice_ref, rows: int
+) -> int:
     """After reward worker `worker` was replaced: call it again for its part of the slice when that
     call did not finish (every call in flight on a dead actor fails; Ray does not retry them).
     Returns the number of calls issued again (0 or 1)."""
@@ -160,7 +185,9 @@ def gather_fail_fast(calls: list) -> list:
         raise CallFailed(err) from err
 
 
-def evaluation_refs(rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int) -> tuple[list, list[int]]:
+def evaluation_refs(
+    rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int
+) -> tuple[list, list[int]]:
     """Held-out prompts split across the rollout workers, one slice each: (refs, rows of each).
     Uneven shares are fine here: evaluation slices do not go to the learners."""
     # np.array_split's shares: the first len % workers get one prompt more; empty shares are skipped.

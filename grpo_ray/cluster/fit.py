@@ -30,7 +30,9 @@ class Bundle:
     labels: dict[str, str]
 
 
-def plan_bundles(roles: list[RoleResources], colocate: tuple[str, ...] = ()) -> tuple[list[Bundle], dict[str, list[int]]]:
+def plan_bundles(
+    roles: list[RoleResources], colocate: tuple[str, ...] = ()
+) -> tuple[list[Bundle], dict[str, list[int]]]:
     """One bundle per worker; colocated roles share theirs worker by worker. Returns the bundles and,
     per role, the bundle index of each of its workers."""
     bundles: list[Bundle] = []
@@ -75,10 +77,14 @@ def shortfalls(roles: list[RoleResources], bundles: list[Bundle], nodes: list[No
         return found
     for bundle in bundles:
         if not any(_has_labels(node, bundle.labels) and _holds(node, bundle.resources) for node in nodes):
-            largest = max(nodes, key=lambda n: tuple(n.resources.get(k, 0.0) for k in sorted(bundle.resources, key=_order)),
-                          default=NodeView({}))
+            largest = max(
+                nodes,
+                key=lambda n: tuple(n.resources.get(k, 0.0) for k in sorted(bundle.resources, key=_order)),
+                default=NodeView({}),
+            )
             found.append(
-                f"a {'+'.join(bundle.roles)} worker needs {_amounts(bundle.resources)} on one node, the largest node has "
+                f"a {'+'.join(bundle.roles)} worker needs {_amounts(bundle.resources)} on one node, the largest "
+                "node has "
                 f"{_amounts({k: largest.resources.get(k, 0.0) for k in bundle.resources})}"
             )
             break  # the same shape repeats for the role's other workers
@@ -92,13 +98,17 @@ def nccl_conflicts(roles: list[RoleResources], bundles: list[Bundle], gpus: floa
     if learner is None or learner.count < 2 or not learner.num_gpus:
         return []
     if gpus < learner.count:
-        return [f"learner.num_workers {learner.count}: its ranks form one NCCL group, which needs a GPU per rank, and "
-                f"the cluster has {gpus:g}; set learner.num_workers to {max(1, int(gpus))} or add GPUs"]
+        return [
+            f"learner.num_workers {learner.count}: its ranks form one NCCL group, which needs a GPU per rank, and "
+            f"the cluster has {gpus:g}; set learner.num_workers to {max(1, int(gpus))} or add GPUs"
+        ]
     shares = {bundle.resources.get("GPU", 0.0) for bundle in bundles if "learner" in bundle.roles}
     if min(shares) < 1:
-        return [f"learner.num_gpus {learner.num_gpus:g} with learner.num_workers {learner.count}: Ray may place two ranks "
-                "of one NCCL group on one GPU, which NCCL refuses; set learner.num_gpus to 1, or colocate learner with "
-                "rollout (placement.colocate) so that each pair takes a whole GPU"]
+        return [
+            f"learner.num_gpus {learner.num_gpus:g} with learner.num_workers {learner.count}: Ray may place two ranks "
+            "of one NCCL group on one GPU, which NCCL refuses; set learner.num_gpus to 1, or colocate learner with "
+            "rollout (placement.colocate) so that each pair takes a whole GPU"
+        ]
     return []
 
 
@@ -115,4 +125,6 @@ def _order(name: str) -> tuple[int, str]:
 
 
 def _amounts(resources: dict[str, float]) -> str:
-    return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items(), key=lambda item: _order(item[0])))
+    return ", ".join(
+        f"{name} {amount:g}" for name, amount in sorted(resources.items(), key=lambda item: _order(item[0]))
+    )

@@ -36,17 +36,24 @@ class Placement:
         remove_placement_group(self.group)
 
 
-def reserve(roles: list[RoleResources], timeout_s: float, colocate: tuple[str, ...] = (), strategy: str = "PACK") -> Placement:
+def reserve(
+    roles: list[RoleResources], timeout_s: float, colocate: tuple[str, ...] = (), strategy: str = "PACK"
+) -> Placement:
     """Reserve one bundle per worker (colocated roles share theirs); fail with what is missing when
     the cluster cannot hold the plan."""
     bundles, index = plan_bundles(roles, colocate)
     missing = shortfalls(roles, bundles, cluster_nodes())
     if missing:
-        raise ClusterError(f"{missing[0]}; lower num_workers, num_cpus or num_gpus of that role, or add nodes "
-                           "(`grpo-ray validate CONFIG --address ...` lists every shortfall)")
+        raise ClusterError(
+            f"{missing[0]}; lower num_workers, num_cpus or num_gpus of that role, or add nodes "
+            "(`grpo-ray validate CONFIG --address ...` lists every shortfall)"
+        )
     selectors = [dict(bundle.labels) for bundle in bundles]
-    group = placement_group([bundle.resources for bundle in bundles], strategy=strategy,
-                            bundle_label_selector=selectors if any(selectors) else None)
+    group = placement_group(
+        [bundle.resources for bundle in bundles],
+        strategy=strategy,
+        bundle_label_selector=selectors if any(selectors) else None,
+    )
     try:
         ray.get(group.ready(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
@@ -60,7 +67,9 @@ def reserve(roles: list[RoleResources], timeout_s: float, colocate: tuple[str, .
 
 def cluster_nodes() -> list[NodeView]:
     """The connected cluster's live nodes: their total resources and labels."""
-    return [NodeView(dict(node["Resources"]), dict(node.get("Labels") or {})) for node in ray.nodes() if node.get("Alive")]
+    return [
+        NodeView(dict(node["Resources"]), dict(node.get("Labels") or {})) for node in ray.nodes() if node.get("Alive")
+    ]
 
 
 def nodes_at(address: str) -> list[NodeView]:
@@ -68,24 +77,39 @@ def nodes_at(address: str) -> list[NodeView]:
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ClusterError(f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+        raise ClusterError(
+            f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+        ) from None
     try:
         return cluster_nodes()
     finally:
         ray.shutdown()
 
 
-def spawn(cls: type, placement: Placement, role: str, index: int, resources: RoleResources, *args: Any, name: str,
-          max_restarts: int = 0, concurrency_groups: dict[str, int] | None = None) -> Any:
+def spawn(
+    cls: type,
+    placement: Placement,
+    role: str,
+    index: int,
+    resources: RoleResources,
+    *args: Any,
+    name: str,
+    max_restarts: int = 0,
+    concurrency_groups: dict[str, int] | None = None,
+) -> Any:
     """`ray.remote(...)(cls)` here, at spawn time, so every actor class stays a plain class.
 
     With max_restarts, Ray brings a dead actor back in the same bundle; its tasks are never retried
     (the caller decides what to re-issue: see cluster/recovery.py). concurrency_groups: named
     groups of calls that run beside the default group's (one at a time), e.g. a weight sync that
     lands while the worker generates."""
-    remote_cls = ray.remote(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None,
-                            max_restarts=max_restarts, max_task_retries=0,
-                            **({"concurrency_groups": concurrency_groups} if concurrency_groups else {}))(cls)
+    remote_cls = ray.remote(
+        num_cpus=resources.num_cpus,
+        num_gpus=resources.num_gpus or None,
+        max_restarts=max_restarts,
+        max_task_retries=0,
+        **({"concurrency_groups": concurrency_groups} if concurrency_groups else {}),
+    )(cls)
     return remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
 
 

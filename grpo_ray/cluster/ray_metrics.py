@@ -65,25 +65,54 @@ COMPLETIONS_KEY = "batch/completions"
 
 EXPORTED: tuple[RayMetric, ...] = (
     RayMetric("grpo_ray_step", Kind.GAUGE, "Optimizer steps done", (STEP_KEY,)),
-    RayMetric("grpo_ray_rollout_tokens_per_s", Kind.GAUGE,
-              "Completion tokens generated per second of the last step", ("throughput/completion_tokens_per_s",)),
-    RayMetric("grpo_ray_learner_tokens_per_s", Kind.GAUGE,
-              "Tokens the learners trained on per second of the update phase", ("throughput/learner_tokens_per_s",)),
-    RayMetric("grpo_ray_completions_in_flight", Kind.GAUGE,
-              "Completions generated for the last step (sampled together)", (COMPLETIONS_KEY,)),
+    RayMetric(
+        "grpo_ray_rollout_tokens_per_s",
+        Kind.GAUGE,
+        "Completion tokens generated per second of the last step",
+        ("throughput/completion_tokens_per_s",),
+    ),
+    RayMetric(
+        "grpo_ray_learner_tokens_per_s",
+        Kind.GAUGE,
+        "Tokens the learners trained on per second of the update phase",
+        ("throughput/learner_tokens_per_s",),
+    ),
+    RayMetric(
+        "grpo_ray_completions_in_flight",
+        Kind.GAUGE,
+        "Completions generated for the last step (sampled together)",
+        (COMPLETIONS_KEY,),
+    ),
     RayMetric("grpo_ray_completions", Kind.COUNTER, "Completions generated", (COMPLETIONS_KEY,)),
     RayMetric("grpo_ray_reward_mean", Kind.GAUGE, "Mean reward of the last step's completions", ("reward/mean",)),
-    RayMetric("grpo_ray_reward_failures", Kind.GAUGE,
-              "Completions of the last step whose reward failed (None or an error)", ("reward/failed",)),
-    RayMetric("grpo_ray_phase_seconds", Kind.GAUGE, "Wall seconds of each phase of the last step",
-              tuple(f"timing/{phase}" for phase in PHASES), tag="phase"),
+    RayMetric(
+        "grpo_ray_reward_failures",
+        Kind.GAUGE,
+        "Completions of the last step whose reward failed (None or an error)",
+        ("reward/failed",),
+    ),
+    RayMetric(
+        "grpo_ray_phase_seconds",
+        Kind.GAUGE,
+        "Wall seconds of each phase of the last step",
+        tuple(f"timing/{phase}" for phase in PHASES),
+        tag="phase",
+    ),
     RayMetric("grpo_ray_step_seconds", Kind.GAUGE, "Wall seconds of the last step", ("timing/step",)),
     RayMetric("grpo_ray_weight_sync_seconds", Kind.GAUGE, "Seconds of the last weight sync", ("sync/seconds",)),
-    RayMetric("grpo_ray_weight_sync_gbytes_per_s", Kind.GAUGE,
-              "Gigabytes per second of the last weight sync", ("sync/gbytes_per_s",)),
-    RayMetric("grpo_ray_policy_staleness", Kind.GAUGE,
-              "Steps between the weights the last batch was sampled with and the learner's",
-              ("batch/staleness",), default=0.0),
+    RayMetric(
+        "grpo_ray_weight_sync_gbytes_per_s",
+        Kind.GAUGE,
+        "Gigabytes per second of the last weight sync",
+        ("sync/gbytes_per_s",),
+    ),
+    RayMetric(
+        "grpo_ray_policy_staleness",
+        Kind.GAUGE,
+        "Steps between the weights the last batch was sampled with and the learner's",
+        ("batch/staleness",),
+        default=0.0,
+    ),
 )
 
 
@@ -98,8 +127,11 @@ EXPORTED_NAMES = frozenset(prometheus_name(m) for m in EXPORTED)
 def readings(metric: RayMetric, metrics: Mapping[str, float]) -> list[tuple[dict[str, str], float]]:
     """(extra tags, value) of each series of `metric` this step; missing or non-finite keys skipped."""
     if metric.tag is not None:
-        return [({metric.tag: key.rsplit("/", 1)[1]}, float(metrics[key]))
-                for key in metric.keys if key in metrics and math.isfinite(metrics[key])]
+        return [
+            ({metric.tag: key.rsplit("/", 1)[1]}, float(metrics[key]))
+            for key in metric.keys
+            if key in metrics and math.isfinite(metrics[key])
+        ]
     present = [key for key in metric.keys if key in metrics]
     if not present:
         return [] if metric.default is None else [({}, metric.default)]
@@ -120,8 +152,11 @@ class StepGauges:
     """Ray metrics of one run, tagged run=<MLflow run id>; create after ray.init, in the driver."""
 
     def __init__(
-        self, run_id: str, make: Callable[[RayMetric, tuple[str, ...]], object] = _ray_instrument,
-        every_s: float = 5.0, clock: Callable[[], float] = time.monotonic,
+        self,
+        run_id: str,
+        make: Callable[[RayMetric, tuple[str, ...]], object] = _ray_instrument,
+        every_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tags = {"run": run_id}
         self.instruments = {m.name: make(m, ("run",) + ((m.tag,) if m.tag else ())) for m in EXPORTED}

@@ -21,9 +21,16 @@ from grpo_ray.cluster.placement import ClusterError, error_line
 
 
 class WorkerRecovery:
-    def __init__(self, rollouts: list[Any], rewards: list[Any], resync: Callable[[], None], max_restarts: int,
-                 log: Callable[[str], None], timeout_s: float = 900.0,
-                 with_weights: Callable[[int, Callable[[], Any]], Any] | None = None):
+    def __init__(
+        self,
+        rollouts: list[Any],
+        rewards: list[Any],
+        resync: Callable[[], None],
+        max_restarts: int,
+        log: Callable[[str], None],
+        timeout_s: float = 900.0,
+        with_weights: Callable[[int, Callable[[], Any]], Any] | None = None,
+    ):
         self._who = {actor._actor_id.hex(): ("rollout", i) for i, actor in enumerate(rollouts)}
         self._who.update({actor._actor_id.hex(): ("reward", i) for i, actor in enumerate(rewards)})
         self._actors = {"rollout": rollouts, "reward": rewards}
@@ -68,8 +75,10 @@ class WorkerRecovery:
             self.log(f"{name} (process {pid}) was unreachable for a moment; its calls are issued again")
             return role, index
         self._record_replacement(who, pid)
-        self.log(f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
-                 + ("; it was given the current weights" if role == "rollout" else ""))
+        self.log(
+            f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
+            + ("; it was given the current weights" if role == "rollout" else "")
+        )
         return role, index
 
     def reissue(self, version: int, current: int, issue: Callable[[], Any]) -> Any:
@@ -84,8 +93,12 @@ class WorkerRecovery:
 
     def counters(self) -> dict[str, float]:
         """Running totals, as faults/* metrics: a step logs how much they grew since the last step."""
-        return {"faults/rollout_replaced": float(self.replaced["rollout"]), "faults/reward_replaced": float(self.replaced["reward"]),
-                "faults/reissued_prompts": float(self.reissued_prompts), "faults/recovery_seconds": self.seconds}
+        return {
+            "faults/rollout_replaced": float(self.replaced["rollout"]),
+            "faults/reward_replaced": float(self.replaced["reward"]),
+            "faults/reissued_prompts": float(self.reissued_prompts),
+            "faults/recovery_seconds": self.seconds,
+        }
 
     def replace_dead_rollouts(self) -> int:
         """After a call every rollout worker took part in failed (a weight sync): wait until Ray has
@@ -105,14 +118,19 @@ class WorkerRecovery:
             self._resync()
             seconds = time.monotonic() - started
             self.seconds += seconds
-            self.log(f"{', '.join(replaced)} died and {'was' if len(replaced) == 1 else 'were'} replaced in {seconds:.1f} s; "
-                     "the weights were sent again")
+            self.log(
+                f"{', '.join(replaced)} died and {'was' if len(replaced) == 1 else 'were'} replaced in "
+                f"{seconds:.1f} s; "
+                "the weights were sent again"
+            )
         return len(replaced)
 
     def _check_restarts_left(self, who: tuple[str, int], name: str, detail: str = "") -> None:
         if self._restarts[who] >= self.max_restarts:
-            raise ClusterError(f"{name} died after {self._restarts[who]} restarts, the most "
-                               f"ray.max_actor_restarts={self.max_restarts} allows{detail}") from None
+            raise ClusterError(
+                f"{name} died after {self._restarts[who]} restarts, the most "
+                f"ray.max_actor_restarts={self.max_restarts} allows{detail}"
+            ) from None
 
     def _record_replacement(self, who: tuple[str, int], pid: int) -> None:
         self._restarts[who] += 1
@@ -143,4 +161,3 @@ def _stale_weights(err: BaseException) -> StaleWeightsError | None:
         if isinstance(candidate, StaleWeightsError):
             return candidate
     return None
-

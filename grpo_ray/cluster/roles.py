@@ -16,7 +16,15 @@ from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker
 from grpo_ray.cluster.settings import learner_settings, rollout_settings
-from grpo_ray.cluster.placement import Placement, error_line, ClusterError, node_address_and_port, reserve, spawn, wait_ready
+from grpo_ray.cluster.placement import (
+    Placement,
+    error_line,
+    ClusterError,
+    node_address_and_port,
+    reserve,
+    spawn,
+    wait_ready,
+)
 from grpo_ray.cluster.weight_broadcast import SYNC_GROUP
 from grpo_ray.config import BatchPlan, Config, RoleResources, plan_resources, syncs_during_generation
 from grpo_ray.types import LearnerShard
@@ -44,6 +52,7 @@ class Workers:
 
     def nodes(self) -> dict[str, str]:
         """Where every actor runs: name -> Ray node id (all asked at once)."""
+
         def node_id(_self) -> str:
             import ray as ray_in_actor
 
@@ -58,8 +67,10 @@ class Workers:
         """Start every rank's optimizer step: rank r's shard, its RolloutSlice refs and (KL in the
         loss) their reference log-prob refs, passed as top-level arguments so that the learner
         fetches them and the driver never does. The calls, to gather (dispatch.gather_fail_fast)."""
-        return [learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else []))
-                for rank, (learner, shard) in enumerate(zip(self.learners, shards))]
+        return [
+            learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else []))
+            for rank, (learner, shard) in enumerate(zip(self.learners, shards))
+        ]
 
     def reference_logprobs(self, payloads: list[list], temperature: float) -> list[list]:
         """The reference's log-probs of every rank's slices, as refs the learners fetch (ranks x
@@ -71,7 +82,11 @@ class Workers:
     def reference_sequence_kl(self, payloads: list[list], temperature: float, estimator: str) -> list:
         """Calls of the reference's summed KL (by `estimator`) of each slice's completions, in
         payload order, to fetch."""
-        return [self.reference.sequence_kl.remote(ref, temperature, estimator) for rank_refs in payloads for ref in rank_refs]
+        return [
+            self.reference.sequence_kl.remote(ref, temperature, estimator)
+            for rank_refs in payloads
+            for ref in rank_refs
+        ]
 
     def sleep_rollouts(self) -> None:
         """Every rollout engine frees its GPU memory for the update (rollout.vllm.sleep_level); the
@@ -128,10 +143,18 @@ def setup_learners(learners: list[Any]) -> None:
 
 def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
     return [
-        spawn(RolloutWorker, placement, "rollout", i, resources, rollout_settings(cfg, i), name=f"rollout-{i}",
-              max_restarts=cfg.ray.max_actor_restarts,
-              # A sync's receive runs in a group of its own, beside a generate call (vllm_engine.py).
-              concurrency_groups={SYNC_GROUP: 1} if syncs_during_generation(cfg) else None)
+        spawn(
+            RolloutWorker,
+            placement,
+            "rollout",
+            i,
+            resources,
+            rollout_settings(cfg, i),
+            name=f"rollout-{i}",
+            max_restarts=cfg.ray.max_actor_restarts,
+            # A sync's receive runs in a group of its own, beside a generate call (vllm_engine.py).
+            concurrency_groups={SYNC_GROUP: 1} if syncs_during_generation(cfg) else None,
+        )
         for i in range(cfg.rollout.num_workers)
     ]
 
@@ -142,18 +165,39 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
     isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
     by_source = {source: settings(functions) for source, functions in r.by_source.items()}
     return [
-        spawn(RewardWorker, placement, "reward", i, resources, settings(r.functions), isolation, by_source,
-              r.source_field, name=f"reward-{i}", max_restarts=cfg.ray.max_actor_restarts)
+        spawn(
+            RewardWorker,
+            placement,
+            "reward",
+            i,
+            resources,
+            settings(r.functions),
+            isolation,
+            by_source,
+            r.source_field,
+            name=f"reward-{i}",
+            max_restarts=cfg.ray.max_actor_restarts,
+        )
         for i in range(cfg.reward.num_workers)
     ]
 
 
 def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> Any:
     return spawn(
-        ReferenceWorker, placement, "reference", 0, resources,
-        cfg.reference.model_path or cfg.model.path, cfg.model.dtype, plan.micro_batch_size, cfg.learner.torch_threads,
-        cfg.learner.logprob_chunk_tokens, cfg.learner.packing, cfg.learner.max_tokens_per_micro_batch,
-        cfg.learner.logprob_kernel, name="reference",
+        ReferenceWorker,
+        placement,
+        "reference",
+        0,
+        resources,
+        cfg.reference.model_path or cfg.model.path,
+        cfg.model.dtype,
+        plan.micro_batch_size,
+        cfg.learner.torch_threads,
+        cfg.learner.logprob_chunk_tokens,
+        cfg.learner.packing,
+        cfg.learner.max_tokens_per_micro_batch,
+        cfg.learner.logprob_kernel,
+        name="reference",
     )
 
 
@@ -162,15 +206,27 @@ def start_reward_model(cfg: Config, placement: Placement, resources: RoleResourc
 
     m = cfg.reward.model
     return spawn(
-        RewardModelWorker, placement, "reward_model", 0, resources,
-        m.path, m.tokenizer, cfg.model.dtype, m.batch_size, cfg.learner.torch_threads, m.max_length, name="reward_model",
+        RewardModelWorker,
+        placement,
+        "reward_model",
+        0,
+        resources,
+        m.path,
+        m.tokenizer,
+        cfg.model.dtype,
+        m.batch_size,
+        cfg.learner.torch_threads,
+        m.max_length,
+        name="reward_model",
     )
 
 
 def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
     """Reserve the whole plan, start every actor, wait until all constructors finished."""
     roles = {role.role: role for role in plan_resources(cfg)}
-    placement = reserve(list(roles.values()), cfg.ray.placement_timeout_s, cfg.placement.colocate, cfg.placement.strategy)
+    placement = reserve(
+        list(roles.values()), cfg.ray.placement_timeout_s, cfg.placement.colocate, cfg.placement.strategy
+    )
     try:
         workers = Workers(
             placement=placement,

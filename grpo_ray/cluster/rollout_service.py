@@ -26,8 +26,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from grpo_ray.algo.filters import groups_needed
-from grpo_ray.cluster.dispatch import (CallFailed, collect_scores, finished, generate_refs, reissue_lost_part,
-                                       rollout_owners, rollout_refs, score_tasks, wait_for)
+from grpo_ray.cluster.dispatch import (
+    CallFailed,
+    collect_scores,
+    finished,
+    generate_refs,
+    reissue_lost_part,
+    rollout_owners,
+    rollout_refs,
+    score_tasks,
+    wait_for,
+)
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.shares import rank_major, worker_positions, worker_share
@@ -44,7 +53,9 @@ class Flight:
     sampling: SamplingSettings  # with this batch's seed
     group_offset: int  # group id of its first prompt within the step
     version: int  # the weights the rollout workers held when it was issued
-    per_worker: list[list] = field(default_factory=list)  # whole shares: per worker, its RolloutSlice refs (one per learner rank)
+    per_worker: list[list] = field(
+        default_factory=list
+    )  # whole shares: per worker, its RolloutSlice refs (one per learner rank)
     rows_per_slice: int = 0
     tasks: list = field(default_factory=list)  # whole shares: per slice (rank-major order), its scoring calls
     streamed: StreamedRollout | None = None  # streamed: its chunks, in place of the three above
@@ -61,8 +72,12 @@ class RolloutService:
         if self.cfg.rollout.groups_per_chunk:
             flight.streamed = StreamedRollout(self.cfg, workers, prompts, sampling, group_offset, version)
             return flight
-        flight.per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset, version)
-        flight.rows_per_slice = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
+        flight.per_worker = rollout_refs(
+            workers.rollouts, prompts, sampling, len(workers.learners), group_offset, version
+        )
+        flight.rows_per_slice = (
+            len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
+        )
         flight.tasks = [score_tasks(workers, ref, flight.rows_per_slice) for ref in rank_major(flight.per_worker)]
         return flight
 
@@ -75,16 +90,28 @@ class RolloutService:
         if flight.streamed is not None:
             flight.streamed.cancel()
 
-    def collect(self, flight: Flight, timer, current: int, need: int | None = None,
-                preview: Callable[[ScoredSlice], np.ndarray] | None = None) -> ScoredBatch:
+    def collect(
+        self,
+        flight: Flight,
+        timer,
+        current: int,
+        need: int | None = None,
+        preview: Callable[[ScoredSlice], np.ndarray] | None = None,
+    ) -> ScoredBatch:
         """Wait for the flight's rollout and scores (timed as "rollout" and "reward"); `current`: the
         weights version the workers hold now. need (streamed): the informative groups dynamic sampling
         still needs, judged on `preview`'s rewards of a chunk; the rollout stops once it has them."""
         if flight.streamed is not None:
             cut = self._drive(flight, timer, current, need, preview)
             chunks = flight.streamed.scored_chunks()
-            return ScoredBatch([c[0] for c in chunks], [c[1] for c in chunks], [c[2] for c in chunks],
-                               flight.group_offset, streamed=True, kept_groups=cut)
+            return ScoredBatch(
+                [c[0] for c in chunks],
+                [c[1] for c in chunks],
+                [c[2] for c in chunks],
+                flight.group_offset,
+                streamed=True,
+                kept_groups=cut,
+            )
         with timer("rollout"):  # the part of the rollout the step waits for
             wait_for(rank_major(flight.per_worker), rollout_owners(flight.per_worker), self.cfg.weight_sync.timeout_s)
         with timer("reward"):
@@ -105,8 +132,9 @@ class RolloutService:
                 for i in self._recover(failed, flight, current, set(scored)):
                     scored.pop(i, None)  # scores belong with the slice they were taken from
 
-    def _drive(self, flight: Flight, timer, current: int, need: int | None,
-               preview: Callable[[ScoredSlice], np.ndarray] | None) -> int | None:
+    def _drive(
+        self, flight: Flight, timer, current: int, need: int | None, preview: Callable[[ScoredSlice], np.ndarray] | None
+    ) -> int | None:
         """Run the stream until every chunk is in and scored, or until (`need` given) the batch's first
         groups hold `need` informative ones; then the rest is cancelled. Returns how many of the
         batch's groups to keep, None: all. Reading in id order, never in finishing order, keeps the
@@ -143,8 +171,11 @@ class RolloutService:
                 parts = flight.streamed.reissue_lost_scoring(index)
             else:
                 refs = rank_major(flight.per_worker)
-                parts = sum(reissue_lost_part(workers.rewards, flight.tasks[i], index, refs[i], flight.rows_per_slice)
-                            for i in range(len(flight.tasks)) if i not in scored)
+                parts = sum(
+                    reissue_lost_part(workers.rewards, flight.tasks[i], index, refs[i], flight.rows_per_slice)
+                    for i in range(len(flight.tasks))
+                    if i not in scored
+                )
             self.recovery.log(f"re-issued reward-{index}'s {parts} unfinished scoring calls")
             return []
         share, offset = worker_share(flight.prompts, index, len(workers.rollouts))
@@ -154,9 +185,17 @@ class RolloutService:
             self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
             return []
         flight.per_worker[index] = self.recovery.reissue(
-            flight.version, current,
-            lambda: generate_refs(workers.rollouts[index], share, flight.group_offset + offset, flight.sampling,
-                                  len(workers.learners), flight.version))
+            flight.version,
+            current,
+            lambda: generate_refs(
+                workers.rollouts[index],
+                share,
+                flight.group_offset + offset,
+                flight.sampling,
+                len(workers.learners),
+                flight.version,
+            ),
+        )
         refs = rank_major(flight.per_worker)
         again = worker_positions(index, len(workers.rollouts), len(workers.learners))
         for i in again:

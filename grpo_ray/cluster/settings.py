@@ -75,5 +75,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         vllm_sleep_level=r.vllm.sleep_level,
         tensor_parallel_size=r.tensor_parallel_size,
         # The engine holds the same adapter as the learner, and each sync sends only its matrices.
-        lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules) if syncs_lora_adapter(cfg) else None,
+        lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules)
+        if syncs_lora_adapter(cfg)
+        else None,
     )

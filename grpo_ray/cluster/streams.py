@@ -37,8 +37,15 @@ class Chunk:
 
 
 class StreamedRollout:
-    def __init__(self, cfg: Config, workers: Workers, prompts: list[Prompt], sampling: SamplingSettings,
-                 group_offset: int, version: int):
+    def __init__(
+        self,
+        cfg: Config,
+        workers: Workers,
+        prompts: list[Prompt],
+        sampling: SamplingSettings,
+        group_offset: int,
+        version: int,
+    ):
         self.cfg, self.workers, self.prompts, self.sampling = cfg, workers, prompts, sampling
         self.group_offset = group_offset
         self.chunks: dict[int, list[Chunk]] = {}  # per rollout worker, its chunks in arrival order
@@ -54,8 +61,14 @@ class StreamedRollout:
         share, offset = worker_share(self.prompts, index, len(self.workers.rollouts))
         self.chunks[index] = []
         self.due[index] = chunk_sizes(len(share), self.cfg.rollout.groups_per_chunk)
-        self.streams[index] = chunk_stream(self.workers.rollouts[index], share, self.group_offset + offset,
-                                           self.sampling, self.cfg.rollout.groups_per_chunk, version)
+        self.streams[index] = chunk_stream(
+            self.workers.rollouts[index],
+            share,
+            self.group_offset + offset,
+            self.sampling,
+            self.cfg.rollout.groups_per_chunk,
+            version,
+        )
 
     @property
     def arrived(self) -> bool:
@@ -83,13 +96,17 @@ class StreamedRollout:
             if len(ready) == len(refs):
                 chunk.scored = collect_scores(chunk.tasks, self.cfg.reward.model.weight)
         now = time.monotonic()
-        if sum(len(chunks) for chunks in self.chunks.values()) + len(self.streams) != arrived or any(c.scored for c in scoring):
+        if sum(len(chunks) for chunks in self.chunks.values()) + len(self.streams) != arrived or any(
+            c.scored for c in scoring
+        ):
             self.progressed = now
         elif now - self.progressed > self.cfg.weight_sync.timeout_s:
             owing = [f"rollout-{index}" for index in sorted(self.streams)] or ["the reward workers scoring it"]
-            raise StalledError(f"streamed rollout made no progress for {self.cfg.weight_sync.timeout_s:g} s "
-                               f"(weight_sync.timeout_s): no chunk and no score from {', '.join(owing)}; raise "
-                               "weight_sync.timeout_s if one chunk legitimately takes longer")
+            raise StalledError(
+                f"streamed rollout made no progress for {self.cfg.weight_sync.timeout_s:g} s "
+                f"(weight_sync.timeout_s): no chunk and no score from {', '.join(owing)}; raise "
+                "weight_sync.timeout_s if one chunk legitimately takes longer"
+            )
 
     def _take_arrivals(self, index: int, stream) -> None:
         while True:
@@ -114,13 +131,21 @@ class StreamedRollout:
 
     def reissue_lost_scoring(self, index: int) -> int:
         """After reward worker `index` was replaced: its unfinished parts of every chunk, again."""
-        return sum(reissue_lost_part(self.workers.rewards, c.tasks, index, c.ref, c.rows)
-                   for chunks in self.chunks.values() for c in chunks if c.scored is None)
+        return sum(
+            reissue_lost_part(self.workers.rewards, c.tasks, index, c.ref, c.rows)
+            for chunks in self.chunks.values()
+            for c in chunks
+            if c.scored is None
+        )
 
     def scored_chunks(self) -> list[tuple[object, int, ScoredSlice]]:
         """Every scored chunk as (ref, rows, scores), worker by worker, each in arrival order."""
-        return [(c.ref, c.rows, c.scored) for index in sorted(self.chunks) for c in self.chunks[index]
-                if c.scored is not None]
+        return [
+            (c.ref, c.rows, c.scored)
+            for index in sorted(self.chunks)
+            for c in self.chunks[index]
+            if c.scored is not None
+        ]
 
 
 def _task_refs(tasks: tuple) -> list:

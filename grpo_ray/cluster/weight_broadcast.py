@@ -5,10 +5,11 @@ Next hop: inside the actors, transport/routes.py (each rank's seat: the hand-off
 The ranks: learner rank 0 sends; each rollout worker takes one rank per entry of its
 `device_identity()`: one per vLLM tensor-parallel shard when the engine's own workers receive the
 weights, else one. A rank on learner rank 0's device takes the hand-off (handles to memory on that
-device, transport/handoff.py), the others the broadcast group (transport/routes.py). Proof after every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it
-received and loaded must equal the one learner rank 0 computed over what it sent; a vLLM shard
-that missed a bucket is named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine scores
-a fixed probe, and transport/probe.py tells from its log-probs whether it holds the new weights or
+device, transport/handoff.py), the others the broadcast group (transport/routes.py). Proof after
+every sync: each rank's digest (broadcast.bucket_checksum) of the buckets it received and loaded
+must equal the one learner rank 0 computed over what it sent; a vLLM shard that missed a bucket is
+named with its engine ("rollout-1 (tp rank 1)"). Every `probe_every` syncs, each rollout engine
+scores a fixed probe, and transport/probe.py tells from its log-probs whether it holds the new weights or
 those of the last version it was shown to hold, when the updates since moved the probe past the
 kernels' noise (measured per engine at start-up), and says "undecided" otherwise. A checksum of
 the engine's own parameters would not do, since vLLM repacks some weight matrices.
@@ -66,9 +67,19 @@ class SyncResult:
 
 
 class WeightBroadcaster:
-    def __init__(self, learners: list[Any], rollouts: list[Any], bucket_mb: float, timeout_s: float, adapter_only: bool = False,
-                 keep_versions: int = 0, during_generation: bool = False, same_device: str = "handoff",
-                 sleeps: bool = False, probe: Probe | None = None):
+    def __init__(
+        self,
+        learners: list[Any],
+        rollouts: list[Any],
+        bucket_mb: float,
+        timeout_s: float,
+        adapter_only: bool = False,
+        keep_versions: int = 0,
+        during_generation: bool = False,
+        same_device: str = "handoff",
+        sleeps: bool = False,
+        probe: Probe | None = None,
+    ):
         """adapter_only: send only the LoRA matrices (the rollout engines apply the adapter themselves).
         keep_versions: learner rank 0 keeps a copy of the newest this many versions sent (a batch
         started ahead, up to rollout.max_staleness updates old, is finished after the next version
@@ -115,15 +126,21 @@ class WeightBroadcaster:
             if refused and ring is not None and ring.kind == "cuda":
                 # CUDA IPC refused (a container's ptrace rules, expandable segments): the ring in shared
                 # host memory instead, still no socket (pinned on the learner's side).
-                self.notes.append(f"weight sync: CUDA IPC refused ({next(iter(refused.values()))}); the hand-off "
-                                  "goes through shared host memory")
+                self.notes.append(
+                    f"weight sync: CUDA IPC refused ({next(iter(refused.values()))}); the hand-off "
+                    "goes through shared host memory"
+                )
                 ring, refused = self._open_ring(local, host=True)
             for (w, r), why in refused.items():
                 local.discard((w, r))
-                self.notes.append(f"weight sync: {self._rank_name(w, r, rollout_devices)} shares learner rank 0's device "
-                                  f"but cannot take the hand-off ({why}); it takes the broadcast")
+                self.notes.append(
+                    f"weight sync: {self._rank_name(w, r, rollout_devices)} shares learner rank 0's device "
+                    f"but cannot take the hand-off ({why}); it takes the broadcast"
+                )
         remote = [rank for rank in ranks if rank not in local]
-        self.backend, self.backend_reason = choose_backend([learner_device] + [rollout_devices[w][r] for w, r in remote])
+        self.backend, self.backend_reason = choose_backend(
+            [learner_device] + [rollout_devices[w][r] for w, r in remote]
+        )
         self.handoff_ranks, self.broadcast_ranks = len(local), len(remote)
         self.handoff_kind = ring.kind if local else None
         broadcast_seat = self._seat(len(remote) + 1, self.backend) if remote else None
@@ -137,8 +154,10 @@ class WeightBroadcaster:
         # All ranks must be constructing the groups at once: submit every call, then wait.
         ray.get(
             [self.learners[0].host_weight_sync.remote(broadcast_seat, handoff_seat)]
-            + [worker.join_weight_sync.remote(worker_seats, self.specs, self.buckets)
-               for worker, worker_seats in zip(self.rollouts, seats)],
+            + [
+                worker.join_weight_sync.remote(worker_seats, self.specs, self.buckets)
+                for worker, worker_seats in zip(self.rollouts, seats)
+            ],
             timeout=self.timeout_s,
         )
 
@@ -153,8 +172,12 @@ class WeightBroadcaster:
             return None, {rank: error_line(err) for rank in local}
         workers = sorted({w for w, _ in local})
         answers = ray.get([self.rollouts[w].check_handoff.remote(ring) for w in workers], timeout=self.timeout_s)
-        return ring, {(w, r): why for w, whys in zip(workers, answers) for r, why in enumerate(whys)
-                      if why is not None and (w, r) in local}
+        return ring, {
+            (w, r): why
+            for w, whys in zip(workers, answers)
+            for r, why in enumerate(whys)
+            if why is not None and (w, r) in local
+        }
 
     def _seat(self, world_size: int, backend: str, ring: Any = None) -> Seat:
         """Rank 0's seat in a new group hosted by learner rank 0."""
@@ -169,12 +192,20 @@ class WeightBroadcaster:
         """How the weights travel, for the run's log."""
         parts = []
         if self.handoff_ranks:
-            where = "through shared host memory" if self.handoff_kind == "shm" and self._on_gpu else "on learner rank 0's device"
-            parts.append(f"{self.handoff_ranks} rank{'s' if self.handoff_ranks > 1 else ''} by hand-off {where} "
-                         "(no bytes through a socket)")
+            where = (
+                "through shared host memory"
+                if self.handoff_kind == "shm" and self._on_gpu
+                else "on learner rank 0's device"
+            )
+            parts.append(
+                f"{self.handoff_ranks} rank{'s' if self.handoff_ranks > 1 else ''} by hand-off {where} "
+                "(no bytes through a socket)"
+            )
         if self.broadcast_ranks:
-            parts.append(f"{self.broadcast_ranks} rank{'s' if self.broadcast_ranks > 1 else ''} over "
-                         f"{self.backend}: {self.backend_reason}")
+            parts.append(
+                f"{self.broadcast_ranks} rank{'s' if self.broadcast_ranks > 1 else ''} over "
+                f"{self.backend}: {self.backend_reason}"
+            )
         return "; ".join(parts)
 
     def resend(self, probe: Probe | None, probe_tolerance: float) -> SyncResult:
@@ -193,8 +224,14 @@ class WeightBroadcaster:
         checked = self.check_probe(probe, probe_tolerance) if probe is not None else None
         seconds = max([sent.seconds] + [r.seconds for r in received])
         landed = len({r.who.split(" ")[0] for r in received if r.during_generation})
-        self.last = SyncResult(version=version, seconds=seconds, num_bytes=sent.num_bytes, probe=checked,
-                               during_generation=landed, wake_seconds=woken)
+        self.last = SyncResult(
+            version=version,
+            seconds=seconds,
+            num_bytes=sent.num_bytes,
+            probe=checked,
+            during_generation=landed,
+            wake_seconds=woken,
+        )
         return self.last
 
     def _wake(self, tags: list[str]) -> float:
@@ -206,10 +243,14 @@ class WeightBroadcaster:
         try:
             ray.get([worker.wake.remote(tags) for worker in self.rollouts], timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            raise WeightSyncError(f"waking the rollout engines' {' and '.join(tags)} made no progress for "
-                                  f"{self.timeout_s:g} s (weight_sync.timeout_s)") from None
+            raise WeightSyncError(
+                f"waking the rollout engines' {' and '.join(tags)} made no progress for "
+                f"{self.timeout_s:g} s (weight_sync.timeout_s)"
+            ) from None
         except ray.exceptions.RayError as err:
-            raise WeightSyncError(f"waking the rollout engines' {' and '.join(tags)} failed: {error_line(err)}") from None
+            raise WeightSyncError(
+                f"waking the rollout engines' {' and '.join(tags)} failed: {error_line(err)}"
+            ) from None
         return time.perf_counter() - started
 
     def with_kept_weights(self, version: int, issue: Callable[[], T]) -> T:
@@ -227,25 +268,37 @@ class WeightBroadcaster:
             self._broadcast(current)
             self.version = current
 
-    def _broadcast(self, version: int, kept: bool = False, in_flight: bool = False) -> tuple[SyncReport, list[SyncReport]]:
+    def _broadcast(
+        self, version: int, kept: bool = False, in_flight: bool = False
+    ) -> tuple[SyncReport, list[SyncReport]]:
         """Learner rank 0 sends (the weights it holds, or with `kept` its copy of `version`), every
         rollout rank receives and reports; the digests must all agree. in_flight: the receive runs
         beside a generate call in flight (SYNC_GROUP) rather than after it."""
         if kept:
             sends = [self.learners[0].send_weights.remote(version, self.buckets, self.adapter_only, kept=True)]
         else:
-            sends = [learner.send_weights.remote(version, self.buckets, self.adapter_only, keep=self.keep_versions)
-                     for learner in self.learners]
-        receives = [(worker.receive_weights.options(concurrency_group=SYNC_GROUP) if in_flight else worker.receive_weights)
-                    .remote(version) for worker in self.rollouts]
+            sends = [
+                learner.send_weights.remote(version, self.buckets, self.adapter_only, keep=self.keep_versions)
+                for learner in self.learners
+            ]
+        receives = [
+            (
+                worker.receive_weights.options(concurrency_group=SYNC_GROUP) if in_flight else worker.receive_weights
+            ).remote(version)
+            for worker in self.rollouts
+        ]
         try:
             reports: list = ray.get(sends + receives, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            names = [f"learner-{i} (sending)" for i in range(len(sends))] + [f"rollout-{i} (receiving)" for i in range(len(receives))]
+            names = [f"learner-{i} (sending)" for i in range(len(sends))] + [
+                f"rollout-{i} (receiving)" for i in range(len(receives))
+            ]
             _, pending = ray.wait(sends + receives, num_returns=len(names), timeout=0)
             stuck = [name for name, ref in zip(names, sends + receives) if ref in pending]
-            raise WeightSyncError(f"weight sync {version} made no progress for {self.timeout_s:g} s (weight_sync.timeout_s): "
-                                  f"{', '.join(stuck)} did not finish") from None
+            raise WeightSyncError(
+                f"weight sync {version} made no progress for {self.timeout_s:g} s (weight_sync.timeout_s): "
+                f"{', '.join(stuck)} did not finish"
+            ) from None
         except ray.exceptions.RayError as err:
             raise WeightSyncError(f"weight sync {version} failed: {error_line(err)}") from None
         sent = reports[0]
@@ -267,7 +320,9 @@ class WeightBroadcaster:
         """GB/s of the sync's yardstick for num_bytes: a plain broadcast from learner rank 0 to the
         rollout ranks that take the broadcast, in the sync's own group, and for the hand-off a plain
         copy on learner rank 0's device (the slower of the two): the most a sync could reach."""
-        calls = [self.learners[0].raw_broadcast.remote(num_bytes)] + [w.raw_broadcast.remote(num_bytes) for w in self.rollouts]
+        calls = [self.learners[0].raw_broadcast.remote(num_bytes)] + [
+            w.raw_broadcast.remote(num_bytes) for w in self.rollouts
+        ]
         seconds = [s for s in ray.get(calls, timeout=self.timeout_s) if s is not None]
         return num_bytes / max(seconds) / 1e9
 
@@ -282,8 +337,10 @@ class WeightBroadcaster:
         """Each engine's baseline: the starting weights, which it and the learner hold now, and the
         kernels' gap between them there."""
         expected, engines = self._score_probe(probe)
-        self._baselines = {index: start_baseline(got, expected, probe.completion_mask, self.version)
-                           for index, got in enumerate(engines)}
+        self._baselines = {
+            index: start_baseline(got, expected, probe.completion_mask, self.version)
+            for index, got in enumerate(engines)
+        }
         self.start_gaps = [baseline.kernel_gap for baseline in self._baselines.values()]
 
     def check_probe(self, probe: Probe, tolerance: float) -> ProbeSummary:
@@ -302,6 +359,10 @@ class WeightBroadcaster:
             self._baselines[index] = reading.next_baseline(baseline, self.version, expected)
         undecided = [(index, baseline, r) for index, baseline, r in readings if r.verdict == "undecided"]
         notice = undecided[0][2].explain(f"rollout-{undecided[0][0]}", undecided[0][1].version) if undecided else None
-        return ProbeSummary(max_abs_diff=max(r.max_gap for _, _, r in readings), undecided=len(undecided),
-                            moved=min(r.moved for _, _, r in readings), kernel_gap=max(r.noise for _, _, r in readings),
-                            notice=notice)
+        return ProbeSummary(
+            max_abs_diff=max(r.max_gap for _, _, r in readings),
+            undecided=len(undecided),
+            moved=min(r.moved for _, _, r in readings),
+            kernel_gap=max(r.noise for _, _, r in readings),
+            notice=notice,
+        )

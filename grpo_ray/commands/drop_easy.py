@@ -35,7 +35,10 @@ class DropEasyReport:
     output: Path
 
     def summary_line(self, threshold: float) -> str:
-        return f"read {self.read} records, dropped {self.dropped} (average reward > {threshold:g}), wrote {self.written} to {self.output}"
+        return (
+            f"read {self.read} records, dropped {self.dropped} (average reward > {threshold:g}), "
+            f"wrote {self.written} to {self.output}"
+        )
 
 
 def drop_easy_records(ledger_path: str, data: tuple[str, ...], output: str, threshold: float = 0.9) -> DropEasyReport:

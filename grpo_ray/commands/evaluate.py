@@ -78,7 +78,10 @@ class EvalSettings:
             (bool(self.data), "--data: give at least one file"),
             (self.n >= 1, f"--n {self.n}: must be >= 1"),
             (self.temperature >= 0, f"--temperature {self.temperature}: must be >= 0 (0 is greedy)"),
-            (self.n == 1 or self.temperature > 0, f"--n {self.n} with --temperature 0: greedy samples are identical; give --temperature > 0 or --n 1"),
+            (
+                self.n == 1 or self.temperature > 0,
+                f"--n {self.n} with --temperature 0: greedy samples are identical; give --temperature > 0 or --n 1",
+            ),
             (0 < self.top_p <= 1, f"--top-p {self.top_p}: must be in (0, 1]"),
             (self.max_tokens >= 1, f"--max-tokens {self.max_tokens}: must be >= 1"),
             (self.backend in ("hf", "vllm"), f"--backend {self.backend}: use hf or vllm"),
@@ -120,10 +123,13 @@ class EvalReport:
     def table_lines(self) -> list[str]:
         width = max(len("source"), *(len(s.source) for s in self.sources))
         k = self.k
-        lines = [f"{'source':<{width}}  {'prompts':>7}  {f'avg@{k}':>8}  {f'pass@{k}':>8}  {'failures':>8}  {'truncated':>9}"]
+        lines = [
+            f"{'source':<{width}}  {'prompts':>7}  {f'avg@{k}':>8}  {f'pass@{k}':>8}  {'failures':>8}  {'truncated':>9}"
+        ]
         for s in self.sources:
             lines.append(
-                f"{s.source:<{width}}  {s.prompts:>7}  {s.avg_at_k:>8.4f}  {s.pass_at_k:>8.4f}  {s.failures:>8}  {s.truncated:>9.1%}"
+                f"{s.source:<{width}}  {s.prompts:>7}  {s.avg_at_k:>8.4f}  {s.pass_at_k:>8.4f}  {s.failures:>8} "
+                f" {s.truncated:>9.1%}"
             )
         return lines
 
@@ -175,7 +181,11 @@ def yarn_rope_override(config, factor: float) -> dict[str, dict]:
     transformers >= 5 keeps every rope setting in `rope_parameters` (rope_theta included), so the
     YaRN fields are merged into it; older versions keep them apart in `rope_scaling`.
     """
-    yarn = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": config.max_position_embeddings}
+    yarn = {
+        "rope_type": "yarn",
+        "factor": float(factor),
+        "original_max_position_embeddings": config.max_position_embeddings,
+    }
     if hasattr(config, "rope_parameters"):
         return {"rope_parameters": {**(config.rope_parameters or {}), **yarn}}
     return {"rope_scaling": yarn}
@@ -197,13 +207,23 @@ def load_engine(settings: EvalSettings, tokenizer, max_model_len: int):
     if settings.yarn_factor is not None:
         from transformers import AutoConfig
 
-        overrides = yarn_rope_override(_guarded(AutoConfig.from_pretrained, settings.model)(model_path), settings.yarn_factor)
+        overrides = yarn_rope_override(
+            _guarded(AutoConfig.from_pretrained, settings.model)(model_path), settings.yarn_factor
+        )
     import torch
 
     # Evaluation has the GPU to itself, and vLLM's CUDA graphs pay off over a whole benchmark.
     on_gpu = torch.cuda.is_available()
-    spec = EngineSpec(settings.backend, model_path, settings.dtype, seed=settings.seed, config_overrides=overrides or None,
-                      max_model_len=max_model_len, enforce_eager=not on_gpu, gpu_memory_utilization=0.85)
+    spec = EngineSpec(
+        settings.backend,
+        model_path,
+        settings.dtype,
+        seed=settings.seed,
+        config_overrides=overrides or None,
+        max_model_len=max_model_len,
+        enforce_eager=not on_gpu,
+        gpu_memory_utilization=0.85,
+    )
     return _guarded(build_engine, settings.model)(spec, tokenizer)
 
 
@@ -217,7 +237,9 @@ def _guarded(load: Callable, name: str) -> Callable:
             raise  # the shared loader already named the model in one line
         except (OSError, ValueError, TypeError) as err:
             lines = [line for line in str(err).splitlines() if line.strip() and "validation error" not in line]
-            raise ModelLoadError(f"model {name}: cannot load ({lines[0].strip() if lines else type(err).__name__})") from None
+            raise ModelLoadError(
+                f"model {name}: cannot load ({lines[0].strip() if lines else type(err).__name__})"
+            ) from None
 
     return call
 
@@ -253,7 +275,9 @@ def open_tracker(settings: EvalSettings) -> MlflowTracker:
 
 def settings_params(settings: EvalSettings) -> dict[str, Any]:
     """The MLflow params of a run: the settings that shape its numbers, and the files as a list."""
-    params = {k: v for k, v in asdict(settings).items() if k not in ("data", "output_dir", "tracking_uri", "experiment")}
+    params = {
+        k: v for k, v in asdict(settings).items() if k not in ("data", "output_dir", "tracking_uri", "experiment")
+    }
     params["files"] = list(settings.data)
     return params
 
@@ -288,7 +312,9 @@ def generate(engine, prompts: list[EvalPrompt], settings: EvalSettings) -> list[
     return completions
 
 
-def score(prompts: list[EvalPrompt], completions: list[list[Completion]], settings: EvalSettings) -> list[list[float | None]]:
+def score(
+    prompts: list[EvalPrompt], completions: list[list[Completion]], settings: EvalSettings
+) -> list[list[float | None]]:
     """[P][K] reward scores, None where the reward could not score the sample."""
     rows = [
         ScoringRow(c.text, p.prompt.answer, p.prompt.text, p.prompt.fields)
@@ -296,7 +322,9 @@ def score(prompts: list[EvalPrompt], completions: list[list[Completion]], settin
         for c in samples
     ]
     with RowScorer([(settings.reward, {})], timeout_s=settings.reward_timeout_s) as scorer:
-        [(flat, _)] = scorer.score([r.completion for r in rows], [r.prompt for r in rows], [r.answer for r in rows], row_fields_of(rows))
+        [(flat, _)] = scorer.score(
+            [r.completion for r in rows], [r.prompt for r in rows], [r.answer for r in rows], row_fields_of(rows)
+        )
     k = settings.n
     return [flat[i * k : (i + 1) * k] for i in range(len(prompts))]
 
@@ -307,8 +335,13 @@ def write_samples(path: Path, prompts: list[EvalPrompt], completions, scores) ->
         for p, samples, sample_scores in zip(prompts, completions, scores):
             for index, (c, s) in enumerate(zip(samples, sample_scores)):
                 record = {
-                    "data_source": p.source, "prompt": p.prompt.text, "answer": p.prompt.answer, "sample": index,
-                    "completion": c.text, "score": s, "finish_reason": c.finish_reason,
+                    "data_source": p.source,
+                    "prompt": p.prompt.text,
+                    "answer": p.prompt.answer,
+                    "sample": index,
+                    "completion": c.text,
+                    "score": s,
+                    "finish_reason": c.finish_reason,
                 }
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
@@ -331,7 +364,9 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
         if settings.yarn_factor is not None:
             tracker.client.log_param(tracker.run_id, "rope_parameters", json.dumps(rope))
         timings["timing/load"] = time.perf_counter() - started
-        log(f"sampling {len(prompts)} prompts x {settings.n} with {settings.backend} (max {settings.max_tokens} tokens)")
+        log(
+            f"sampling {len(prompts)} prompts x {settings.n} with {settings.backend} (max {settings.max_tokens} tokens)"
+        )
         t = time.perf_counter()
         completions = generate(engine, prompts, settings)
         timings["timing/generate"] = time.perf_counter() - t
@@ -341,7 +376,9 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
         scores = score(prompts, completions, settings)
         timings["timing/reward"] = time.perf_counter() - t
         sources = summarize(
-            [p.source for p in prompts], scores, [[c.finish_reason == "length" for c in samples] for samples in completions]
+            [p.source for p in prompts],
+            scores,
+            [[c.finish_reason == "length" for c in samples] for samples in completions],
         )
         samples_file = output_dir / "samples.jsonl"
         write_samples(samples_file, prompts, completions, scores)

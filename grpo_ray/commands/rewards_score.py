@@ -127,7 +127,9 @@ def _parse_line(line: str, where: str) -> ScoringRow:
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
         answer = str(answer)  # as the dataset loaders read numeric answers
     if not isinstance(answer, str):
-        raise DataError(f"{where}: no '{ANSWER_FIELD}' field (a string or a number); every row needs the reference answer")
+        raise DataError(
+            f"{where}: no '{ANSWER_FIELD}' field (a string or a number); every row needs the reference answer"
+        )
     prompt = record.get(PROMPT_FIELD)
     return ScoringRow(completion, answer, prompt if isinstance(prompt, str) else "", record)
 
@@ -207,7 +209,9 @@ def summary_lines(report: ScoringReport) -> list[str]:
     scored = [t for t in report.totals if t is not None]
     mean_total = f"{sum(scored) / len(scored):.4f}" if scored else "-"
     failed = len(report.totals) - len(scored)
-    lines.append(f"{'reward':<{width}}  {'':>7}  {mean_total:>7}  {failed:>8}  (weighted total; rows where any function failed)")
+    lines.append(
+        f"{'reward':<{width}}  {'':>7}  {mean_total:>7}  {failed:>8}  (weighted total; rows where any function failed)"
+    )
     for key, values in report.by_source.items():  # reward.by_source: the total per data source
         scored = [v for v in values if v is not None]
         mean = f"{sum(scored) / len(scored):.4f}" if scored else "-"
@@ -215,9 +219,7 @@ def summary_lines(report: ScoringReport) -> list[str]:
     return lines
 
 
-def score_file(
-    config: str, data: str, output: str | None = None, overrides: tuple[str, ...] = ()
-) -> ScoringReport:
+def score_file(config: str, data: str, output: str | None = None, overrides: tuple[str, ...] = ()) -> ScoringReport:
     """Read the recipe and the rows, score them, write `output` if given."""
     cfg = load_config(config, overrides)
     rows = read_scoring_rows(data)

@@ -117,10 +117,12 @@ def table_rows(runs: Sequence[RunRecord], metric_keys: Sequence[str]) -> tuple[l
     for key in metric_keys:
         summaries = [last_and_best(run.history.get(key, []), key) for run in runs]
         rows.append([f"{key} last", *(format_value(s[0]) if s else "-" for s in summaries)])
-        rows.append([
-            f"{key} best ({'min' if lower_is_better(key) else 'max'})",
-            *(f"{format_value(s[1][1])} (step {s[1][0]})" if s else "-" for s in summaries),
-        ])
+        rows.append(
+            [
+                f"{key} best ({'min' if lower_is_better(key) else 'max'})",
+                *(f"{format_value(s[1][1])} (step {s[1][0]})" if s else "-" for s in summaries),
+            ]
+        )
     rows.append(["status", *(run.status for run in runs)])
     rows.append(["duration", *(format_duration(run.duration_s) for run in runs)])
     return rows, identical
@@ -186,8 +188,9 @@ def plot_curves(runs: Sequence[RunRecord], path: str, keys: Sequence[str] = PLOT
 # ---- reading MLflow ---------------------------------------------------------------------------
 
 
-def load_runs(tracking_uri: str | None, run_ids: Sequence[str], experiment: str | None,
-              metric_keys: Sequence[str]) -> list[RunRecord]:
+def load_runs(
+    tracking_uri: str | None, run_ids: Sequence[str], experiment: str | None, metric_keys: Sequence[str]
+) -> list[RunRecord]:
     """The runs to compare, each with the history of those of `metric_keys` it logged."""
     if not tracking_uri:
         raise RunsCompareError("--tracking-uri: give the MLflow tracking URI (or set MLFLOW_TRACKING_URI)")
@@ -200,8 +203,11 @@ def load_runs(tracking_uri: str | None, run_ids: Sequence[str], experiment: str 
         else:
             found = _top_level_runs(client, experiment, tracking_uri)
         if len(found) < 2:
-            what = (f"experiment {experiment!r} has {len(found)} top-level run(s)" if experiment
-                    else "only one distinct run id given")
+            what = (
+                f"experiment {experiment!r} has {len(found)} top-level run(s)"
+                if experiment
+                else "only one distinct run id given"
+            )
             raise RunsCompareError(f"{what}; compare needs at least two different runs")
         return [_record(client, run, metric_keys) for run in found]
 
@@ -228,7 +234,7 @@ def _open_client(tracking_uri: str):
 
     parts = urlsplit(tracking_uri)
     if parts.scheme == "sqlite" and tracking_uri.startswith("sqlite:///"):
-        database = tracking_uri[len("sqlite:///"):].split("?")[0]
+        database = tracking_uri[len("sqlite:///") :].split("?")[0]
         if database and not Path(database).is_file():
             raise RunsCompareError(f"tracking URI {tracking_uri}: no MLflow database at {database}")
     elif parts.scheme == "file" and not Path(parts.path).is_dir():
@@ -238,7 +244,9 @@ def _open_client(tracking_uri: str):
             port = parts.port or (443 if parts.scheme == "https" else 80)
             socket.create_connection((parts.hostname or "", port), timeout=CONNECT_TIMEOUT_S).close()
         except (OSError, ValueError) as err:  # ValueError: a port that is no number
-            raise RunsCompareError(f"tracking URI {tracking_uri}: cannot connect ({getattr(err, 'strerror', None) or err})") from err
+            raise RunsCompareError(
+                f"tracking URI {tracking_uri}: cannot connect ({getattr(err, 'strerror', None) or err})"
+            ) from err
     return MlflowClient(tracking_uri)
 
 
@@ -260,8 +268,9 @@ def _top_level_runs(client, experiment: str, tracking_uri: str) -> list:
         raise RunsCompareError(f"unknown experiment {experiment!r} at {tracking_uri}")
     runs, token = [], None
     while True:
-        page = client.search_runs([found.experiment_id], order_by=["attributes.start_time ASC"],
-                                  max_results=1000, page_token=token)
+        page = client.search_runs(
+            [found.experiment_id], order_by=["attributes.start_time ASC"], max_results=1000, page_token=token
+        )
         runs.extend(run for run in page if "mlflow.parentRunId" not in run.data.tags)
         token = page.token
         if not token:

@@ -80,7 +80,10 @@ class SweepReport:
         n = self.n
         lines = [f"{'temperature':>11}  {f'avg@{n}':>8}  {'diversity':>9}  {'mean length':>11}  {'truncated':>9}"]
         for r in self.results:
-            lines.append(f"{r.temperature!s:>11}  {r.accuracy:>8.4f}  {r.diversity:>9.4f}  {r.mean_length:>11.1f}  {r.truncated:>9.1%}")
+            lines.append(
+                f"{r.temperature!s:>11}  {r.accuracy:>8.4f}  {r.diversity:>9.4f}  {r.mean_length:>11.1f}  "
+                f"{r.truncated:>9.1%}"
+            )
         return lines
 
 
@@ -104,14 +107,19 @@ def parse_temperatures(text: str) -> tuple[float, ...]:
         except ValueError:
             raise ConfigError(f"--temperatures {text}: {item!r} is not a number; {example}") from None
         if not (math.isfinite(value) and value > 0):
-            raise ConfigError(f"--temperatures {text}: {item} must be a finite number > 0 (greedy samples are identical, so diversity means nothing)")
+            raise ConfigError(
+                f"--temperatures {text}: {item} must be a finite number > 0 (greedy samples are identical, so "
+                "diversity means nothing)"
+            )
         if value in temperatures:
             raise ConfigError(f"--temperatures {text}: {item} is listed twice; each temperature is sampled once")
         temperatures.append(value)
     return tuple(temperatures)
 
 
-def summarize_temperature(temperature: float, scores: list[list[float | None]], completions: list[list[Completion]]) -> TemperatureResult:
+def summarize_temperature(
+    temperature: float, scores: list[list[float | None]], completions: list[list[Completion]]
+) -> TemperatureResult:
     """The figures of one temperature. scores [P][n] (None: could not score), completions [P][n]."""
     # avg@n and the truncated fraction over all prompts: eval's per-source summary, with one source.
     [overall] = summarize(
@@ -133,7 +141,9 @@ def summarize_temperature(temperature: float, scores: list[list[float | None]], 
 # ---- the run -----------------------------------------------------------------------------------
 
 
-def sweep_temperatures(settings: EvalSettings, temperatures: tuple[float, ...], log: Callable[[str], None] = print) -> SweepReport:
+def sweep_temperatures(
+    settings: EvalSettings, temperatures: tuple[float, ...], log: Callable[[str], None] = print
+) -> SweepReport:
     """Sample and score at each temperature with one loaded engine; see the module docstring.
 
     settings.temperature is ignored: each pass runs with one of `temperatures`.
@@ -155,7 +165,10 @@ def sweep_temperatures(settings: EvalSettings, temperatures: tuple[float, ...], 
         sweep_file.parent.mkdir(parents=True, exist_ok=True)
         with sweep_file.open("w", encoding="utf-8") as out:
             for step, temperature in enumerate(temperatures):
-                log(f"temperature {temperature}: sampling {len(prompts)} prompts x {settings.n} (max {settings.max_tokens} tokens)")
+                log(
+                    f"temperature {temperature}: sampling {len(prompts)} prompts x {settings.n} (max "
+                    f"{settings.max_tokens} tokens)"
+                )
                 at_temperature = replace(settings, temperature=temperature)
                 started = time.perf_counter()
                 completions = generate(engine, prompts, at_temperature)

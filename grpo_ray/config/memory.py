@@ -35,20 +35,59 @@ GIB = 1 << 30
 # config.json fields of the Qwen2.5 family (and the offline tiny model), for hub ids.
 _QWEN = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
 ARCHITECTURES: dict[str, dict] = {
-    "tiny": {"model_type": "qwen2", "vocab_size": 55, "hidden_size": 128, "intermediate_size": 512,
-             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "tie_word_embeddings": True},
-    "qwen2.5-0.5b": {**_QWEN, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-                     "num_attention_heads": 14, "num_key_value_heads": 2},
+    "tiny": {
+        "model_type": "qwen2",
+        "vocab_size": 55,
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "qwen2.5-0.5b": {
+        **_QWEN,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
     # Qwen2-0.5B has the same shape as Qwen2.5-0.5B.
-    "qwen2-0.5b": {**_QWEN, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-                   "num_attention_heads": 14, "num_key_value_heads": 2},
-    "qwen2.5-1.5b": {**_QWEN, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
-                     "num_attention_heads": 12, "num_key_value_heads": 2},
-    "qwen2.5-3b": {**_QWEN, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
-                   "num_attention_heads": 16, "num_key_value_heads": 2},
-    "qwen2.5-7b": {**_QWEN, "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
-                   "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                   "tie_word_embeddings": False},
+    "qwen2-0.5b": {
+        **_QWEN,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-1.5b": {
+        **_QWEN,
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-3b": {
+        **_QWEN,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+    },
+    "qwen2.5-7b": {
+        **_QWEN,
+        "vocab_size": 152064,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+    },
 }
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _QUANTIZED_BYTES = {"4bit": 0.5, "8bit": 1.0}
@@ -71,9 +110,13 @@ class Architecture:
     def from_config(config: dict) -> Architecture:
         heads = int(config["num_attention_heads"])
         return Architecture(
-            vocab=int(config["vocab_size"]), hidden=int(config["hidden_size"]),
-            intermediate=int(config["intermediate_size"]), layers=int(config["num_hidden_layers"]), heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads), tied=bool(config.get("tie_word_embeddings")),
+            vocab=int(config["vocab_size"]),
+            hidden=int(config["hidden_size"]),
+            intermediate=int(config["intermediate_size"]),
+            layers=int(config["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(config.get("num_key_value_heads") or heads),
+            tied=bool(config.get("tie_word_embeddings")),
             qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias")),
         )
 
@@ -84,8 +127,15 @@ class Architecture:
     def matrix_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear layer of one decoder layer, by module name."""
         h, kv = self.hidden, self.kv_heads * self.head_dim
-        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-                "gate_proj": (h, self.intermediate), "up_proj": (h, self.intermediate), "down_proj": (self.intermediate, h)}
+        return {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, self.intermediate),
+            "up_proj": (h, self.intermediate),
+            "down_proj": (self.intermediate, h),
+        }
 
     @property
     def parameters(self) -> int:
@@ -131,8 +181,14 @@ class LearnerMemory:
 
 
 def learner_memory(
-    parameters: int, dtype: str, ranks: int, zero_stage: int, lora_parameters: int = 0,
-    quantization: str | None = None, offload_optimizer: bool = False, offload_params: bool = False,
+    parameters: int,
+    dtype: str,
+    ranks: int,
+    zero_stage: int,
+    lora_parameters: int = 0,
+    quantization: str | None = None,
+    offload_optimizer: bool = False,
+    offload_params: bool = False,
 ) -> LearnerMemory:
     """Per-GPU bytes of one learner rank; ``lora_parameters`` > 0 means LoRA (frozen base)."""
     b = _DTYPE_BYTES[dtype]
@@ -140,12 +196,19 @@ def learner_memory(
     moments = 0 if offload_optimizer else 8
     if lora_parameters:
         base = parameters * (_QUANTIZED_BYTES[quantization] if quantization else b)
-        return LearnerMemory(base, 0.0, 0.0, lora_parameters * (b + b + (0 if offload_optimizer else adam)),
-                             lora_parameters * (b + moments))
+        return LearnerMemory(
+            base,
+            0.0,
+            0.0,
+            lora_parameters * (b + b + (0 if offload_optimizer else adam)),
+            lora_parameters * (b + moments),
+        )
     weights = 0.0 if offload_params else parameters * b / (ranks if zero_stage == 3 else 1)
     gradients = parameters * b / (ranks if zero_stage >= 2 else 1)
     optimizer = 0.0 if offload_optimizer else parameters * adam / (ranks if zero_stage >= 1 else 1)
-    return LearnerMemory(weights, gradients, optimizer, 0.0, gradients + parameters * moments / (ranks if zero_stage >= 1 else 1))
+    return LearnerMemory(
+        weights, gradients, optimizer, 0.0, gradients + parameters * moments / (ranks if zero_stage >= 1 else 1)
+    )
 
 
 def rollout_memory(
@@ -172,34 +235,58 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
         return [f"unknown size of {cfg.model.path}: no config.json there and not in the table; give a local folder"], []
     lora = cfg.model.lora
     adapter = policy.lora_parameters(lora.rank, tuple(lora.target_modules)) if lora.enabled else 0
-    lines = [f"policy {cfg.model.path}: {policy.parameters / 1e6:,.1f} M parameters"
-             + (f", LoRA r{lora.rank} {adapter / 1e6:.2f} M" if adapter else "")]
+    lines = [
+        f"policy {cfg.model.path}: {policy.parameters / 1e6:,.1f} M parameters"
+        + (f", LoRA r{lora.rank} {adapter / 1e6:.2f} M" if adapter else "")
+    ]
     per_gpu: dict[str, float] = {}
     ln = cfg.learner
-    learner = learner_memory(policy.parameters, cfg.model.dtype, ln.num_workers, ln.zero_stage, adapter,
-                             cfg.model.quantization, offload_optimizer=ln.offload_optimizer == "cpu",
-                             offload_params=ln.offload_params == "cpu")
+    learner = learner_memory(
+        policy.parameters,
+        cfg.model.dtype,
+        ln.num_workers,
+        ln.zero_stage,
+        adapter,
+        cfg.model.quantization,
+        offload_optimizer=ln.offload_optimizer == "cpu",
+        offload_params=ln.offload_params == "cpu",
+    )
     per_gpu["learner"] = learner.total
-    lines.append(f"learner      weights {_gib(learner.weights)}  gradients {_gib(learner.gradients)}  optimizer "
-                 f"{_gib(learner.optimizer)}  LoRA {_gib(learner.lora)}  total {_gib(learner.total)} per rank "
-                 f"({ln.num_workers} rank{'s' if ln.num_workers > 1 else ''}, ZeRO-{ln.zero_stage}; activations not counted)")
+    lines.append(
+        f"learner      weights {_gib(learner.weights)}  gradients {_gib(learner.gradients)}  optimizer "
+        f"{_gib(learner.optimizer)}  LoRA {_gib(learner.lora)}  total {_gib(learner.total)} per rank "
+        f"({ln.num_workers} rank{'s' if ln.num_workers > 1 else ''}, ZeRO-{ln.zero_stage}; activations not counted)"
+    )
     r = cfg.rollout
     utilization = r.vllm.gpu_memory_utilization if r.backend == "vllm" and r.num_gpus > 0 else 0.0
-    weights, adapter_bytes, kv = rollout_memory(policy, cfg.model.dtype, r.tensor_parallel_size, gpu, utilization, adapter)
+    weights, adapter_bytes, kv = rollout_memory(
+        policy, cfg.model.dtype, r.tensor_parallel_size, gpu, utilization, adapter
+    )
     per_gpu["rollout"] = max(weights + adapter_bytes, utilization * gpu)
-    kv_text = (f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(_DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
-               if utilization else "KV cache grows with the batch (no vLLM GPU pre-allocation)")
+    kv_text = (
+        f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(_DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
+        if utilization
+        else "KV cache grows with the batch (no vLLM GPU pre-allocation)"
+    )
     lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
     if cfg.use_reference:
         ref = find_architecture(cfg.reference.model_path or cfg.model.path)
         if ref is not None:
             per_gpu["reference"] = ref.parameters * _DTYPE_BYTES[cfg.model.dtype]
-            lines.append(f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})")
+            lines.append(
+                f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})"
+            )
     if utilization and _shares_gpu(cfg, "learner", "rollout"):
         beside = per_gpu.get("reference", 0.0) if _shares_gpu(cfg, "learner", "reference") else 0.0
         away = learner.moments_and_gradients if ln.offload_states_between_updates else 0.0
-        lines += phase_lines(learner.total + beside, utilization, gpu, r.vllm.sleep_level,
-                             "learner and reference" if beside else "learner", away)
+        lines += phase_lines(
+            learner.total + beside,
+            utilization,
+            gpu,
+            r.vllm.sleep_level,
+            "learner and reference" if beside else "learner",
+            away,
+        )
     return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
 
 
@@ -217,8 +304,9 @@ def _shares_gpu(cfg: Config, role: str, other: str) -> bool:
 TURN_RESERVE = 2 * GIB
 
 
-def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_level: int, holder: str = "learner",
-                away: float = 0.0) -> list[str]:
+def phase_lines(
+    learner_total: float, utilization: float, gpu: float, sleep_level: int, holder: str = "learner", away: float = 0.0
+) -> list[str]:
     """The two phases of a GPU shared by learner and vLLM (placement.colocate): what each holds while
     the engine generates and while the learners update, and how much of the GPU vLLM could take.
     Asleep (rollout.vllm.sleep_level), the engine gives all of its memory to the update, so it may
@@ -233,17 +321,27 @@ def phase_lines(learner_total: float, utilization: float, gpu: float, sleep_leve
     largest = max(0.0, (gpu - during_rollout - TURN_RESERVE) / gpu)
     kept = f" ({_gib(away)} of moments and gradients in host memory)" if away else ""
     lines = [
-        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: {holder} {_gib(during_rollout)}{kept} + "
+        f"one GPU in two phases (rollout.vllm.sleep_level {sleep_level}): rollout: {holder} "
+        f"{_gib(during_rollout)}{kept} + "
         f"vLLM {_gib(engine)} = {_gib(during_rollout + engine)}; update: {holder} {_gib(learner_total)} + vLLM "
-        f"{_gib(during_update)}" + (" (asleep: " + ("weights in host memory" if sleep_level == 1 else "weights dropped")
-                                     + ")" if sleep_level else " (awake)") + f", {_gib(room)} left for activations",
+        f"{_gib(during_update)}"
+        + (
+            " (asleep: " + ("weights in host memory" if sleep_level == 1 else "weights dropped") + ")"
+            if sleep_level
+            else " (awake)"
+        )
+        + f", {_gib(room)} left for activations",
     ]
     if sleep_level:
-        lines.append(f"vLLM may take up to gpu_memory_utilization {largest:.2f} (the GPU less the {holder}'s "
-                     f"{_gib(during_rollout)} and {_gib(TURN_RESERVE)} kept for CUDA contexts)")
+        lines.append(
+            f"vLLM may take up to gpu_memory_utilization {largest:.2f} (the GPU less the {holder}'s "
+            f"{_gib(during_rollout)} and {_gib(TURN_RESERVE)} kept for CUDA contexts)"
+        )
     else:
-        lines.append(f"with rollout.vllm.sleep_level 1 the update would have {_gib(gpu - learner_total)} for activations, "
-                     f"or vLLM up to gpu_memory_utilization {largest:.2f}")
+        lines.append(
+            f"with rollout.vllm.sleep_level 1 the update would have {_gib(gpu - learner_total)} for activations, "
+            f"or vLLM up to gpu_memory_utilization {largest:.2f}"
+        )
     return lines
 
 
@@ -251,12 +349,16 @@ def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: flo
     gpus = {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus}
     warnings = []
     if kv is not None and kv <= 0:
-        warnings.append(f"rollout: the weights do not fit in rollout.vllm.gpu_memory_utilization "
-                        f"{cfg.rollout.vllm.gpu_memory_utilization:g} of the GPU; raise it or use more tensor_parallel_size")
+        warnings.append(
+            f"rollout: the weights do not fit in rollout.vllm.gpu_memory_utilization "
+            f"{cfg.rollout.vllm.gpu_memory_utilization:g} of the GPU; raise it or use more tensor_parallel_size"
+        )
     colocated = [role for role in cfg.placement.colocate if role in per_gpu and gpus[role] > 0]
     if len(colocated) > 1 and sum(per_gpu[role] for role in colocated) > gpu:
         total = sum(per_gpu[role] for role in colocated)
-        warnings.append(f"{' + '.join(colocated)} share a GPU and need {_gib(total)}, more than --gpu-memory-gb {gpu / GIB:g}")
+        warnings.append(
+            f"{' + '.join(colocated)} share a GPU and need {_gib(total)}, more than --gpu-memory-gb {gpu / GIB:g}"
+        )
     for role, need in per_gpu.items():
         if gpus[role] > 0 and role not in colocated and need > gpu:
             warnings.append(f"{role} needs {_gib(need)} per GPU, more than --gpu-memory-gb {gpu / GIB:g}")

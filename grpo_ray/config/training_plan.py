@@ -14,7 +14,9 @@ def plan_lr_segments(cfg: Config) -> tuple[LrSegment, ...]:
     lr = cfg.learner
     stages = plan_stages(cfg)
     configs = cfg.stages or (None,)
-    starts = [0] + [i for i, stage in enumerate(configs) if i > 0 and (stage.lr is not None or stage.lr_schedule is not None)]
+    starts = [0] + [
+        i for i, stage in enumerate(configs) if i > 0 and (stage.lr is not None or stage.lr_schedule is not None)
+    ]
     segments = []
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else len(stages)
@@ -23,8 +25,16 @@ def plan_lr_segments(cfg: Config) -> tuple[LrSegment, ...]:
         peak = own.lr if own is not None and own.lr is not None else lr.lr
         kind = own.lr_schedule if own is not None and own.lr_schedule is not None else lr.lr_schedule
         warmup = warmup_from_ratio(lr.warmup_ratio, steps) if lr.warmup_ratio is not None else lr.warmup_steps
-        segments.append(LrSegment(first_step=stages[start].first_step, steps=steps, peak_lr=peak, kind=kind,
-                                  warmup_steps=warmup, min_lr=lr.min_lr))
+        segments.append(
+            LrSegment(
+                first_step=stages[start].first_step,
+                steps=steps,
+                peak_lr=peak,
+                kind=kind,
+                warmup_steps=warmup,
+                min_lr=lr.min_lr,
+            )
+        )
     return tuple(segments)
 
 
@@ -37,13 +47,20 @@ def check_training(cfg: Config) -> None:
         if lr.min_lr > segment.peak_lr:
             where = "learner.lr" if index == 0 else "the lr of a stage"
             raise ConfigError(
-                f"learner.min_lr: {lr.min_lr:g} is above {where} ({segment.peak_lr:g}); the floor must be <= the peak")
+                f"learner.min_lr: {lr.min_lr:g} is above {where} ({segment.peak_lr:g}); the floor must be <= the peak"
+            )
     if lr.offload_optimizer is not None and lr.zero_stage == 0:
-        raise ConfigError("learner.offload_optimizer: optimizer offload is part of ZeRO; set learner.zero_stage to 1, 2 or 3")
+        raise ConfigError(
+            "learner.offload_optimizer: optimizer offload is part of ZeRO; set learner.zero_stage to 1, 2 or 3"
+        )
     if lr.offload_params is not None and lr.zero_stage != 3:
-        raise ConfigError(f"learner.offload_params: parameter offload needs learner.zero_stage: 3 (got {lr.zero_stage})")
+        raise ConfigError(
+            f"learner.offload_params: parameter offload needs learner.zero_stage: 3 (got {lr.zero_stage})"
+        )
     if a.kl_controller == "adaptive" and a.kl_coef == 0:
-        raise ConfigError("algorithm.kl_controller: adaptive scales algorithm.kl_coef, which is 0; set a starting kl_coef > 0")
+        raise ConfigError(
+            "algorithm.kl_controller: adaptive scales algorithm.kl_coef, which is 0; set a starting kl_coef > 0"
+        )
     if cfg.reward.normalize == "running" and (cfg.polaris.rescue or cfg.polaris.drop_easy_threshold is not None):
         raise ConfigError(
             "reward.normalize: polaris.rescue and polaris.drop_easy_threshold compare raw rewards with thresholds, "

@@ -33,7 +33,15 @@ def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_c
         if len(ids) > max_prompt_tokens:
             dropped += 1
             continue
-        prompts.append(Prompt(uid=row.index, text=row.prompt, token_ids=tuple(int(t) for t in ids), answer=row.answer, fields=row.fields))
+        prompts.append(
+            Prompt(
+                uid=row.index,
+                text=row.prompt,
+                token_ids=tuple(int(t) for t in ids),
+                answer=row.answer,
+                fields=row.fields,
+            )
+        )
     return PromptSet(prompts=prompts, dropped_too_long=dropped)
 
 

@@ -30,12 +30,16 @@ def in_difficulty_band(rows: list[Row], band: tuple[float, float] | None) -> tup
         return rows, 0
     low, high = band
     kept = [
-        row for row in rows
-        if difficulty_in_band(row.fields.get("difficulty_frac", parse_difficulty(row.fields.get("difficulty"))), low, high)
+        row
+        for row in rows
+        if difficulty_in_band(
+            row.fields.get("difficulty_frac", parse_difficulty(row.fields.get("difficulty"))), low, high
+        )
     ]
     if not kept:
         raise DataError(
-            f"data.difficulty_band: [{low}, {high}] removed all {len(rows)} rows; widen it or check the difficulty field"
+            f"data.difficulty_band: [{low}, {high}] removed all {len(rows)} rows; widen it or check the "
+            "difficulty field"
         )
     return kept, len(rows) - len(kept)
 
@@ -47,7 +51,8 @@ def split_validation(rows: list[Row], fraction: float, seed: int) -> tuple[list[
     count = int(round(len(rows) * fraction))
     if count < 1 or count >= len(rows):
         raise DataError(
-            f"data.val_fraction: {fraction} of {len(rows)} rows leaves no {'validation' if count < 1 else 'training'} rows"
+            f"data.val_fraction: {fraction} of {len(rows)} rows leaves no "
+            f"{'validation' if count < 1 else 'training'} rows"
         )
     order = np.random.default_rng([seed, 7]).permutation(len(rows))
     held = set(order[:count].tolist())

@@ -50,7 +50,8 @@ def head_logprobs(
     hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
     flat = hidden.reshape(rows * width, hidden.shape[-1])
     logprobs, entropy = _head_stats(
-        head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad, kernel)
+        head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad, kernel
+    )
     return logprobs.view(rows, width), (None if entropy is None else entropy.view(rows, width))
 
 
@@ -83,8 +84,16 @@ def _head_for(model: torch.nn.Module, chunk_tokens: int, kernel: str) -> torch.n
     return plain_lm_head(model) if chunk_tokens > 0 or kernel == "liger" else None
 
 
-def _head_stats(head: torch.nn.Linear, hidden: Tensor, target_ids: Tensor, temperature: float, chunk_tokens: int,
-                with_entropy: bool, entropy_grad: bool, kernel: str) -> tuple[Tensor, Tensor | None]:
+def _head_stats(
+    head: torch.nn.Linear,
+    hidden: Tensor,
+    target_ids: Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool,
+    entropy_grad: bool,
+    kernel: str,
+) -> tuple[Tensor, Tensor | None]:
     """The chunked path on hidden states [M, H]: log-probs [M] (and entropies, differentiable only
     with `entropy_grad`), by liger's fused kernel with `kernel` "liger" (log-probs only)."""
     if kernel == "liger":
@@ -94,14 +103,16 @@ def _head_stats(head: torch.nn.Linear, hidden: Tensor, target_ids: Tensor, tempe
 
         return liger_token_logprobs(hidden, head.weight, head.bias, target_ids, temperature), None
     logprobs, entropy = chunked_token_stats(
-        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy)
+        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy
+    )
     if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
         entropy = entropy.detach()
     return logprobs, entropy
 
 
-def _logits_stats(logits: Tensor, target_ids: Tensor, temperature: float, with_entropy: bool,
-                  entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+def _logits_stats(
+    logits: Tensor, target_ids: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
+) -> tuple[Tensor, Tensor | None]:
     """The full-logits path: log-probs of `target_ids` (and entropies) from logits made float32."""
     logits = logits.float()
     logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
@@ -151,14 +162,16 @@ def chunked_token_stats(
     chunk_tokens: int,
     with_entropy: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """Float32 (float64 for float64 inputs) log-prob [M] of each target under softmax((hidden @ weight.T + bias) / temperature),
-    and the entropy [M] of that distribution with `with_entropy`; hidden [M, H], weight [V, H].
-    Differentiable w.r.t. hidden, weight and bias."""
+    """Float32 (float64 for float64 inputs) log-prob [M] of each target under
+    softmax((hidden @ weight.T + bias) / temperature), and the entropy [M] of that distribution with
+    `with_entropy`; hidden [M, H], weight [V, H]. Differentiable w.r.t. hidden, weight and bias."""
     if temperature <= 0:
         raise ValueError(f"temperature must be positive; got {temperature}")
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1; got {chunk_tokens}")
-    logprobs, entropy = _ChunkedHead.apply(hidden, weight, bias, target_ids, float(temperature), int(chunk_tokens), with_entropy)
+    logprobs, entropy = _ChunkedHead.apply(
+        hidden, weight, bias, target_ids, float(temperature), int(chunk_tokens), with_entropy
+    )
     return logprobs, (entropy if with_entropy else None)
 
 
@@ -212,7 +225,10 @@ class _ChunkedHead(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             part = slice(start, start + chunk)
             grad_scaled = _grad_scaled(
-                _chunk_logits(hidden[part], weight, bias, temperature), lse[part], entropy[part], target_ids[part],
+                _chunk_logits(hidden[part], weight, bias, temperature),
+                lse[part],
+                entropy[part],
+                target_ids[part],
                 None if grad_logprobs is None else grad_logprobs[part],
                 None if grad_entropy is None else grad_entropy[part],
             )

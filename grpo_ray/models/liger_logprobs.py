@@ -37,7 +37,10 @@ def liger_version_problem(version: str | None) -> str | None:
         return f"liger-kernel is not installed (pip install 'liger-kernel>={floor}')"
     numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
     if numbers < MIN_LIGER_VERSION:
-        return f"liger-kernel {version} is older than {floor}, whose per-token gradients are right (pip install -U liger-kernel)"
+        return (
+            f"liger-kernel {version} is older than {floor}, whose per-token gradients are right "
+            "(pip install -U liger-kernel)"
+        )
     return None
 
 
@@ -68,15 +71,18 @@ def chosen_logprob_kernel(requested: str, model: torch.nn.Module, say: bool) -> 
             raise ValueError(f"learner.logprob_kernel: liger: {problem}; or set learner.logprob_kernel: torch")
         if plain_lm_head(model) is not None:
             return "liger"
-        reason = ("covers a plain linear LM head (qwen2, qwen3, llama, mistral), and this model's is not one "
-                  "(another architecture, a LoRA-wrapped head or ZeRO-3)")
+        reason = (
+            "covers a plain linear LM head (qwen2, qwen3, llama, mistral), and this model's is not one "
+            "(another architecture, a LoRA-wrapped head or ZeRO-3)"
+        )
     if say:
         print(f"learner.logprob_kernel: liger {reason}: log-probs take the torch path", flush=True)
     return "torch"
 
 
-def liger_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, target_ids: Tensor,
-                         temperature: float) -> Tensor:
+def liger_token_logprobs(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, target_ids: Tensor, temperature: float
+) -> Tensor:
     """Float32 log-prob [M] of each target under softmax((hidden @ weight.T + bias) / temperature);
     hidden [M, H], weight [V, H]. Differentiable w.r.t. hidden, weight and bias, the weight's
     gradient summed in float32 (as the torch path sums it)."""
@@ -92,7 +98,17 @@ def liger_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
     # Positional (Function.apply takes no keywords): input, weight, target, bias, ce_weight,
     # ignore_index, lse_square_scale, label_smoothing, reduction, softcap, return_z_loss, accum_dtype.
     out = LigerFusedLinearCrossEntropyFunction.apply(
-        hidden.contiguous(), weight, target_ids.contiguous(), bias, None, -100, 0.0, 0.0, "none", None, False,
+        hidden.contiguous(),
+        weight,
+        target_ids.contiguous(),
+        bias,
+        None,
+        -100,
+        0.0,
+        0.0,
+        "none",
+        None,
+        False,
         torch.float32,
     )
     loss = out[0] if isinstance(out, tuple) else out

@@ -23,7 +23,7 @@ class ModelLoadError(ValueError):
 
 
 def resolve_model_path(path: str) -> str:
-    """"tiny" -> the cached offline model folder (built once); anything else unchanged."""
+    """ "tiny" -> the cached offline model folder (built once); anything else unchanged."""
     if path == TINY:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
 
@@ -77,7 +77,9 @@ def load_causal_lm(
             from grpo_ray.models.quantization import bitsandbytes_config
 
             # bitsandbytes quantises while loading, on the device the weights land on.
-            kwargs.update(quantization_config=bitsandbytes_config(quantization, dtype), device_map={"": compute_device()})
+            kwargs.update(
+                quantization_config=bitsandbytes_config(quantization, dtype), device_map={"": compute_device()}
+            )
         if config_overrides:
             config = AutoConfig.from_pretrained(resolved)
             for name, value in config_overrides.items():

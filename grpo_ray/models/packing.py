@@ -41,7 +41,11 @@ def packed_completion_logprobs(
     columns, as shared_prompts.completion_logprobs computes them, with the rows packed."""
     check_packable(model)
     device = next(model.parameters()).device
-    input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
+    input_ids, attention_mask, completion_mask = (
+        input_ids.to(device),
+        attention_mask.to(device),
+        completion_mask.to(device),
+    )
     real = attention_mask.bool()
     lengths = attention_mask.sum(dim=1)
     starts = torch.cumsum(lengths, dim=0) - lengths  # where each row begins in the packed row
@@ -61,8 +65,15 @@ def packed_completion_logprobs(
         use_cache=False,  # with a cache (or a mask) Hugging Face would not read the rows as packed
     )
     logprobs, entropy = logprobs_at(
-        model, forward, starts[rows] + cols - 1, input_ids[rows, cols], temperature, with_entropy, entropy_grad,
-        chunk_tokens, kernel,
+        model,
+        forward,
+        starts[rows] + cols - 1,
+        input_ids[rows, cols],
+        temperature,
+        with_entropy,
+        entropy_grad,
+        chunk_tokens,
+        kernel,
     )
 
     def place(values: torch.Tensor) -> torch.Tensor:
@@ -101,8 +112,25 @@ def micro_batch_logprobs(
     the LM head as `chunk_tokens` and `kernel` say (learner.logprob_chunk_tokens, logprob_kernel)."""
     if packing:
         return packed_completion_logprobs(
-            model, input_ids, attention_mask, completion_mask, temperature, with_entropy, entropy_grad, chunk_tokens,
-            kernel)
+            model,
+            input_ids,
+            attention_mask,
+            completion_mask,
+            temperature,
+            with_entropy,
+            entropy_grad,
+            chunk_tokens,
+            kernel,
+        )
     return completion_logprobs(
-        model, input_ids, attention_mask, completion_mask, temperature, with_entropy=with_entropy,
-        entropy_grad=entropy_grad, share_prompts=share_prompts, chunk_tokens=chunk_tokens, kernel=kernel)
+        model,
+        input_ids,
+        attention_mask,
+        completion_mask,
+        temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        share_prompts=share_prompts,
+        chunk_tokens=chunk_tokens,
+        kernel=kernel,
+    )

@@ -32,8 +32,10 @@ def quantization_problem(kind: str | None, learners_on_gpu: bool) -> str | None:
         import bitsandbytes
         import bitsandbytes.functional as functional
     except Exception as err:  # ImportError, or a broken native library raising at import
-        return (f"model.quantization: {kind} needs bitsandbytes, which cannot be imported here ({_first_line(err)}); "
-                "pip install 'grpo-ray[quant]' or remove model.quantization")
+        return (
+            f"model.quantization: {kind} needs bitsandbytes, which cannot be imported here ({_first_line(err)}); "
+            "pip install 'grpo-ray[quant]' or remove model.quantization"
+        )
     if learners_on_gpu and not torch.cuda.is_available():
         return None
     device = "cuda" if learners_on_gpu else "cpu"
@@ -44,9 +46,11 @@ def quantization_problem(kind: str | None, learners_on_gpu: bool) -> str | None:
         else:
             functional.int8_vectorwise_quant(probe.half())
     except Exception as err:  # bitsandbytes without a backend for this device
-        return (f"model.quantization: bitsandbytes {bitsandbytes.__version__} cannot quantise on {device} here "
-                f"({_first_line(err)}); use a version with a {device} backend (>= 0.50 for CPU), a CUDA GPU, "
-                "or remove model.quantization")
+        return (
+            f"model.quantization: bitsandbytes {bitsandbytes.__version__} cannot quantise on {device} here "
+            f"({_first_line(err)}); use a version with a {device} backend (>= 0.50 for CPU), a CUDA GPU, "
+            "or remove model.quantization"
+        )
     return None
 
 

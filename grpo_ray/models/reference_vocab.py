@@ -26,12 +26,16 @@ def vocabulary_difference(policy: dict[str, int], reference: dict[str, int]) -> 
     """
     if policy == reference:
         return None
-    tokens = sorted(set(policy) | set(reference), key=lambda t: (min(policy.get(t, 1 << 62), reference.get(t, 1 << 62)), t))
+    tokens = sorted(
+        set(policy) | set(reference), key=lambda t: (min(policy.get(t, 1 << 62), reference.get(t, 1 << 62)), t)
+    )
     differing = [t for t in tokens if policy.get(t) != reference.get(t)]
     first = differing[0]
     show = lambda vocab: "absent" if first not in vocab else str(vocab[first])  # noqa: E731
-    return (f"{len(differing)} of {len(tokens)} tokens differ, e.g. {first!r} is {show(policy)} for the policy "
-            f"and {show(reference)} for the reference")
+    return (
+        f"{len(differing)} of {len(tokens)} tokens differ, e.g. {first!r} is {show(policy)} for the policy "
+        f"and {show(reference)} for the reference"
+    )
 
 
 def check_reference_tokenizer(policy_tokenizer, reference_path: str | None, reference_tokenizer: str | None) -> None:

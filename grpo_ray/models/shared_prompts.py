@@ -40,10 +40,21 @@ def completion_logprobs(
     values, and either way out of every loss (completion_mask). `chunk_tokens`, `kernel`: as in
     sequence_logprobs (how the LM head runs)."""
     device = next(model.parameters()).device
-    input_ids, attention_mask, completion_mask = input_ids.to(device), attention_mask.to(device), completion_mask.to(device)
+    input_ids, attention_mask, completion_mask = (
+        input_ids.to(device),
+        attention_mask.to(device),
+        completion_mask.to(device),
+    )
     full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
-        model, input_ids, attention_mask, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad,
-        from_column=first_completion_column(completion_mask), chunk_tokens=chunk_tokens, kernel=kernel,
+        model,
+        input_ids,
+        attention_mask,
+        temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad,
+        from_column=first_completion_column(completion_mask),
+        chunk_tokens=chunk_tokens,
+        kernel=kernel,
     )
     found = _distinct_prefixes(input_ids, attention_mask, completion_mask) if share_prompts else None
     if found is None:
@@ -53,8 +64,11 @@ def completion_logprobs(
     columns = torch.arange(width, device=device)
     prefix_mask = (prefixes >= 0).long()
     shared = model(
-        input_ids=prefixes.clamp(min=0), attention_mask=prefix_mask, position_ids=columns.expand(len(prefixes), width),
-        use_cache=True, logits_to_keep=1,
+        input_ids=prefixes.clamp(min=0),
+        attention_mask=prefix_mask,
+        position_ids=columns.expand(len(prefixes), width),
+        use_cache=True,
+        logits_to_keep=1,
     ).past_key_values
     if not _plain_dynamic_cache(shared):
         return full()
@@ -66,8 +80,11 @@ def completion_logprobs(
     rest_ids = input_ids.gather(1, positions.clamp(max=input_ids.shape[1] - 1))
     rest_mask = (steps < rest_lengths[:, None]).long()
     forward = dict(
-        input_ids=rest_ids, attention_mask=torch.cat([prefix_mask[row_prefix], rest_mask], dim=1),
-        position_ids=positions, past_key_values=shared, use_cache=True,
+        input_ids=rest_ids,
+        attention_mask=torch.cat([prefix_mask[row_prefix], rest_mask], dim=1),
+        position_ids=positions,
+        past_key_values=shared,
+        use_cache=True,
     )
     # Output position j predicts rest token j + 1, i.e. column prefix + j + 1.
     logprobs, entropy = head_logprobs(

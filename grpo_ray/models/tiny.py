@@ -132,12 +132,12 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"), byte_level])
+        [pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"), byte_level]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tok.add_tokens([AddedToken(t, normalized=False) for t in ROLE_TOKENS])
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN, model_max_length=128)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD_TOKEN, model_max_length=128)
     hf_tok.chat_template = CHAT_TEMPLATE
     return hf_tok
 
@@ -151,8 +151,7 @@ def save_tiny_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> No
     config_file.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def build_tiny_model(vocab_size: int, seed: int, *, pad_token_id: int = 0,
-                     eos_token_id: int = 2) -> Qwen2ForCausalLM:
+def build_tiny_model(vocab_size: int, seed: int, *, pad_token_id: int = 0, eos_token_id: int = 2) -> Qwen2ForCausalLM:
     """A randomly initialised 2-layer, 128-wide Qwen2 (about 0.53M parameters), float32.
 
     Two heads of size 64: vLLM's CPU attention accepts head sizes such as 32/64/128.
@@ -183,8 +182,9 @@ def build_tiny_model(vocab_size: int, seed: int, *, pad_token_id: int = 0,
 
 def _chat_prompts(tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict]) -> list[str]:
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}],
-                                      tokenize=False, add_generation_prompt=True)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], tokenize=False, add_generation_prompt=True
+        )
         for row in rows
     ]
 
@@ -194,8 +194,10 @@ def _supervised_batch_tensors(tokenizer, rows):
     import torch
 
     prompt_ids = tokenizer(_chat_prompts(tokenizer, rows), add_special_tokens=False)["input_ids"]
-    answer_ids = [ids + [tokenizer.eos_token_id] for ids in
-                  tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]]
+    answer_ids = [
+        ids + [tokenizer.eos_token_id]
+        for ids in tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    ]
     length = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
     input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full((len(rows), length), -100, dtype=torch.long)
@@ -203,14 +205,21 @@ def _supervised_batch_tensors(tokenizer, rows):
     for i, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
         n = len(p) + len(a)
         input_ids[i, :n] = torch.tensor(p + a)
-        labels[i, len(p):n] = torch.tensor(a)
+        labels[i, len(p) : n] = torch.tensor(a)
         attention_mask[i, :n] = 1
     return input_ids, attention_mask, labels
 
 
-def pretrain_tiny(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
-                  train_rows: Sequence[dict], *, steps: int, batch_size: int, lr: float,
-                  seed: int) -> float:
+def pretrain_tiny(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    train_rows: Sequence[dict],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+) -> float:
     """Supervised next-token training on chat prompt + answer + <|im_end|>, in place.
 
     The loss covers only the answer tokens and the eos. Batches are drawn without replacement
@@ -233,10 +242,9 @@ def pretrain_tiny(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
     for _ in range(steps):
         if cursor + batch_size > len(order):
             order, cursor = torch.randperm(len(train_rows), generator=generator), 0
-        idx = order[cursor:cursor + batch_size]
+        idx = order[cursor : cursor + batch_size]
         cursor += batch_size
-        loss = model(input_ids=input_ids[idx], attention_mask=attention_mask[idx],
-                     labels=labels[idx]).loss
+        loss = model(input_ids=input_ids[idx], attention_mask=attention_mask[idx], labels=labels[idx]).loss
         loss.backward()
         optimizer.step()
         schedule.step()
@@ -245,30 +253,42 @@ def pretrain_tiny(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
     return float(loss.detach())
 
 
-def greedy_answers(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
-                   rows: Sequence[dict], max_new_tokens: int = 4,
-                   batch_size: int = 256) -> list[str]:
+def greedy_answers(
+    model: Qwen2ForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    rows: Sequence[dict],
+    max_new_tokens: int = 4,
+    batch_size: int = 256,
+) -> list[str]:
     """Greedy completions (special tokens dropped, whitespace stripped) for chat prompts."""
     import torch
 
     completions: list[str] = []
     model.eval()
     for start in range(0, len(rows), batch_size):
-        enc = tokenizer(_chat_prompts(tokenizer, rows[start:start + batch_size]),
-                        add_special_tokens=False, padding=True, padding_side="left",
-                        return_tensors="pt")
+        enc = tokenizer(
+            _chat_prompts(tokenizer, rows[start : start + batch_size]),
+            add_special_tokens=False,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+        )
         with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
-        new_tokens = out[:, enc["input_ids"].shape[1]:]
-        completions += [t.strip() for t in
-                        tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        new_tokens = out[:, enc["input_ids"].shape[1] :]
+        completions += [t.strip() for t in tokenizer.batch_decode(new_tokens, skip_special_tokens=True)]
     return completions
 
 
-def greedy_accuracy(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast,
-                    rows: Sequence[dict], max_new_tokens: int = 4) -> float:
+def greedy_accuracy(
+    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, rows: Sequence[dict], max_new_tokens: int = 4
+) -> float:
     """Fraction of rows whose greedy completion equals ``row["answer"]`` exactly."""
     answers = greedy_answers(model, tokenizer, rows, max_new_tokens)
     return sum(a == r["answer"] for a, r in zip(answers, rows)) / max(len(rows), 1)
@@ -296,12 +316,14 @@ def _build(out_dir: Path, *, pretrain_steps: int, seed: int, pretrain: bool = Tr
     write_jsonl(heldout, out_dir / "heldout.jsonl")
     with _torch_threads(1):
         tokenizer = build_tiny_tokenizer()
-        model = build_tiny_model(len(tokenizer), seed, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
+        model = build_tiny_model(
+            len(tokenizer), seed, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+        )
         pretrain_started = time.perf_counter()
         if pretrain:
-            final_loss = pretrain_tiny(model, tokenizer, train, steps=pretrain_steps,
-                                       batch_size=PRETRAIN_BATCH_SIZE, lr=PRETRAIN_LR, seed=seed)
+            final_loss = pretrain_tiny(
+                model, tokenizer, train, steps=pretrain_steps, batch_size=PRETRAIN_BATCH_SIZE, lr=PRETRAIN_LR, seed=seed
+            )
         else:
             load_shipped_weights(model)
             final_loss = None
@@ -335,8 +357,9 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("GRPO_RAY_CACHE") or Path.home() / ".cache" / "grpo-ray")
 
 
-def ensure_tiny_artifacts(cache_dir: Path | None = None, *, pretrain_steps: int = PRETRAIN_STEPS,
-                          seed: int = SEED, pretrain: bool = False) -> TinyArtifacts:
+def ensure_tiny_artifacts(
+    cache_dir: Path | None = None, *, pretrain_steps: int = PRETRAIN_STEPS, seed: int = SEED, pretrain: bool = False
+) -> TinyArtifacts:
     """Return the cached tiny model and data, building them first if needed (a few seconds with the
     shipped weights; ~30-60 s where it pre-trains: other settings, or `pretrain`).
 
@@ -354,8 +377,9 @@ def ensure_tiny_artifacts(cache_dir: Path | None = None, *, pretrain_steps: int 
     elif pretrain:
         name = f"{TINY_VERSION}-pretrained"
     final = cache_dir / name
-    artifacts = TinyArtifacts(model_dir=final / "model", train_file=final / "train.jsonl",
-                              heldout_file=final / "heldout.jsonl")
+    artifacts = TinyArtifacts(
+        model_dir=final / "model", train_file=final / "train.jsonl", heldout_file=final / "heldout.jsonl"
+    )
     if (final / MARKER_FILE).exists():
         return artifacts
 
@@ -378,10 +402,14 @@ def ensure_tiny_artifacts(cache_dir: Path | None = None, *, pretrain_steps: int 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build (or find) the cached tiny model.")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="cache folder (default: $GRPO_RAY_CACHE or ~/.cache/grpo-ray)")
-    parser.add_argument("--pretrain", action="store_true",
-                        help="pre-train here instead of loading the shipped weights (to rebuild them)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="cache folder (default: $GRPO_RAY_CACHE or ~/.cache/grpo-ray)"
+    )
+    parser.add_argument(
+        "--pretrain",
+        action="store_true",
+        help="pre-train here instead of loading the shipped weights (to rebuild them)",
+    )
     args = parser.parse_args(argv)
     # Before torch is first imported: idle OpenMP threads must sleep, not spin, on small CPUs.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -391,9 +419,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"model_dir:    {art.model_dir}")
     print(f"train_file:   {art.train_file}")
     print(f"heldout_file: {art.heldout_file}")
-    print(f"start held-out greedy accuracy: {info['start_heldout_accuracy']:.3f} "
-          f"(seed {info['seed']}, {info['pretrain_steps']} steps, weights {info.get('weights', 'pre-trained here')}, "
-          f"built in {info['build_seconds']} s; this call {time.perf_counter() - started:.1f} s)")
+    print(
+        f"start held-out greedy accuracy: {info['start_heldout_accuracy']:.3f} "
+        f"(seed {info['seed']}, {info['pretrain_steps']} steps, weights {info.get('weights', 'pre-trained here')}, "
+        f"built in {info['build_seconds']} s; this call {time.perf_counter() - started:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,7 @@ def make_addition_split(
     The two splits are disjoint and together cover every pair ``(a, b)``, so ``37+45`` and
     ``45+37`` are separate problems that may land in different splits.
     """
-    pairs = [(a, b) for a in range(OPERAND_MIN, OPERAND_MAX + 1)
-             for b in range(OPERAND_MIN, OPERAND_MAX + 1)]
+    pairs = [(a, b) for a in range(OPERAND_MIN, OPERAND_MAX + 1) for b in range(OPERAND_MIN, OPERAND_MAX + 1)]
     if not 0 < heldout_size < len(pairs):
         raise ValueError(f"heldout_size must be in (0, {len(pairs)}), got {heldout_size}")
     random.Random(seed).shuffle(pairs)

@@ -22,8 +22,10 @@ def load_shipped_weights(model: Qwen2ForCausalLM, path: Path = SHIPPED_WEIGHTS) 
 
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SHIPPED_SHA256:
-        raise RuntimeError(f"{path}: sha256 {digest[:12]}..., expected {SHIPPED_SHA256[:12]}...; reinstall grpo-ray "
-                           "or rebuild it (python -m grpo_ray.models.tiny --pretrain)")
+        raise RuntimeError(
+            f"{path}: sha256 {digest[:12]}..., expected {SHIPPED_SHA256[:12]}...; reinstall grpo-ray "
+            "or rebuild it (python -m grpo_ray.models.tiny --pretrain)"
+        )
     missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
     # The LM head is tied to the embeddings, so the file does not hold it.
     if unexpected or set(missing) - {"lm_head.weight"}:

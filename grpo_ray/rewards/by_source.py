@@ -123,7 +123,9 @@ class RewardPlan:
         """Totals, per-function arrays and failure counts from each function's [N] results."""
         n = len(sources)
         masks = self.masks(sources)
-        scores = [np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64) for values, _ in results]
+        scores = [
+            np.array([math.nan if v is None else float(v) for v in values], dtype=np.float64) for values, _ in results
+        ]
         totals = np.zeros(n, dtype=np.float64)
         for row, source in enumerate(sources):
             # NaN propagates: a row with any failed function is failed.

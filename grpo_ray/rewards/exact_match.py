@@ -39,9 +39,7 @@ def strip_completion(text: str) -> str:
             return text
 
 
-def exact_match(
-    completions: list[str], prompts: list[str], answers: list[str], **_row_fields
-) -> list[float | None]:
+def exact_match(completions: list[str], prompts: list[str], answers: list[str], **_row_fields) -> list[float | None]:
     """1.0 where the stripped completion equals the stripped answer, else 0.0.
 
     Unknown keyword arguments (other dataset columns) are accepted and ignored, as the reward

@@ -64,9 +64,7 @@ def gsm8k_answers_equal(predicted: str, gold: str) -> bool:
     return abs(float(predicted) - float(gold)) <= ABS_TOLERANCE
 
 
-def gsm8k(
-    completions: list[str], prompts: list[str], answers: list[str], **_row_fields
-) -> list[float | None]:
+def gsm8k(completions: list[str], prompts: list[str], answers: list[str], **_row_fields) -> list[float | None]:
     """1.0 where the completion's answer equals the gold's as a number, 0.0 where not.
 
     Args:

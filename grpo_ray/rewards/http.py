@@ -81,8 +81,10 @@ def http_reward(
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"http reward: url {where!r} is not http(s)://host[:port]/path; fix the url")
     if "@" in parts.netloc:  # urllib would look the whole "user:password@host" up as a host name
-        raise ValueError(f"http reward: url {where!r} holds credentials (user@host), which urllib "
-                         "does not send; pass them in headers, e.g. {'Authorization': ...}")
+        raise ValueError(
+            f"http reward: url {where!r} holds credentials (user@host), which urllib "
+            "does not send; pass them in headers, e.g. {'Authorization': ...}"
+        )
     payload = {
         "completions": _json_safe(list(completions)),
         "prompts": _json_safe(list(prompts)),
@@ -90,8 +92,11 @@ def http_reward(
         "row_fields": {str(name): _json_safe(values) for name, values in row_fields.items()},
     }
     body = json.dumps(payload, allow_nan=False).encode()
-    request_headers = {"Content-Type": "application/json", "Accept": "application/json",
-                       "User-Agent": "grpo-ray-http-reward"}
+    request_headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "User-Agent": "grpo-ray-http-reward",
+    }
     request_headers.update(headers or {})
     secrets = _secrets(headers or {})
 
@@ -106,24 +111,30 @@ def http_reward(
         except urllib.error.HTTPError as error:  # before OSError: HTTPError is one
             last_error = f"HTTP {error.code} {error.reason}{_body_snippet(error)}"
             if not (error.code >= 500 or error.code in _RETRYABLE_4XX):
-                raise RuntimeError(_redact(
-                    f"http reward {where}: {last_error} (not retried: the service refused this "
-                    "request; check the url, the headers and the input it expects)", secrets
-                )) from None
+                raise RuntimeError(
+                    _redact(
+                        f"http reward {where}: {last_error} (not retried: the service refused this "
+                        "request; check the url, the headers and the input it expects)",
+                        secrets,
+                    )
+                ) from None
         except (OSError, http.client.HTTPException) as error:
             last_error = _describe_transport_error(error, timeout_s)
         else:
             return _parse_rewards(raw, len(completions), where, secrets)
-    raise RuntimeError(_redact(
-        f"http reward {where}: failed after {retries + 1} attempt(s); last error: {last_error}",
-        secrets,
-    ))
+    raise RuntimeError(
+        _redact(
+            f"http reward {where}: failed after {retries + 1} attempt(s); last error: {last_error}",
+            secrets,
+        )
+    )
 
 
 def _parse_rewards(raw: bytes, expected: int, where: str, secrets: list[str]) -> list[float | None]:
     def bad(problem: str) -> ValueError:
-        return ValueError(_redact(f"http reward {where}: {problem}; "
-                                  'expected {"rewards": [number | null, ...]}', secrets))
+        return ValueError(
+            _redact(f'http reward {where}: {problem}; expected {{"rewards": [number | null, ...]}}', secrets)
+        )
 
     try:
         data = json.loads(raw)

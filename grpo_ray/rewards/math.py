@@ -117,9 +117,7 @@ def _parse_prediction(answer_text: str, accept_unboxed: bool) -> list:
     return parse(lines[-1], extraction_config=list(_UNBOXED_EXTRACTION), **_PARSE_KWARGS)
 
 
-def _score_one(
-    completion: str, gold: list, *, require_think_close: bool, accept_unboxed: bool
-) -> float | None:
+def _score_one(completion: str, gold: list, *, require_think_close: bool, accept_unboxed: bool) -> float | None:
     if require_think_close and "</think>" not in completion:
         return 0.0
     try:

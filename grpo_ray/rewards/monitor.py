@@ -7,7 +7,8 @@ last `window_steps` steps exceeds `max_rate`.
     >>> monitor = FailureMonitor(window_steps=2, max_rate=0.5)
     >>> monitor.record({"math": 3}, completions=4, first_errors={"math": "TimeoutError: ..."})
     >>> monitor.check()
-    "reward function 'math' failed on 75% of completions over the last 1 step (first error: TimeoutError: ...); fix it or raise reward.max_failure_rate"
+    "reward function 'math' failed on 75% of completions over the last 1 step (first error: TimeoutError: ...); "
+    "fix it or raise reward.max_failure_rate"
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ class FailureMonitor:
             self._first_errors.setdefault(name, error)
 
     def state_dict(self) -> dict:
-        return {"steps": [[step.failures, step.completions] for step in self._steps], "first_errors": dict(self._first_errors)}
+        return {
+            "steps": [[step.failures, step.completions] for step in self._steps],
+            "first_errors": dict(self._first_errors),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self._steps.clear()

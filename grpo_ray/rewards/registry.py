@@ -114,8 +114,7 @@ def _load_module_from_file(spec: str, path_text: str):
     except Exception as error:
         del sys.modules[name]
         raise RewardSpecError(
-            f"reward spec {spec!r}: importing {str(path)!r} failed ({_one_line(error)}); "
-            "fix the file"
+            f"reward spec {spec!r}: importing {str(path)!r} failed ({_one_line(error)}); fix the file"
         ) from error
     return module
 
@@ -142,8 +141,7 @@ def _resolve(spec: str) -> RewardFn:
     location, _, attribute = spec.rpartition(":")
     if not location or not attribute:
         raise RewardSpecError(
-            f"reward spec {spec!r} needs both parts: 'package.module:function' "
-            "or 'path/to/file.py:function'"
+            f"reward spec {spec!r} needs both parts: 'package.module:function' or 'path/to/file.py:function'"
         )
     is_file = location.endswith(".py") or "/" in location or "\\" in location
     module = _load_module_from_file(spec, location) if is_file else _import_module(spec, location)
@@ -152,8 +150,7 @@ def _resolve(spec: str) -> RewardFn:
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise RewardSpecError(
-                f"reward spec {spec!r}: {location!r} has no attribute {attribute!r}; "
-                "check the function name"
+                f"reward spec {spec!r}: {location!r} has no attribute {attribute!r}; check the function name"
             )
         target = getattr(target, part)
     if not callable(target):
@@ -183,8 +180,7 @@ def _check_options(spec: str, fn: RewardFn, options: dict[str, Any]) -> None:
     for option in options:
         if option not in accepted:
             raise RewardSpecError(
-                f"reward {spec!r} has no option {option!r}; "
-                f"its options are: {', '.join(accepted) or '(none)'}"
+                f"reward {spec!r} has no option {option!r}; its options are: {', '.join(accepted) or '(none)'}"
             )
 
 
@@ -224,13 +220,9 @@ def _validate_scores(fn: RewardFn, result: Any, expected: int) -> RewardScores:
     if hasattr(result, "tolist") and not isinstance(result, (str, bytes)):
         result = result.tolist()  # NumPy arrays: not a Sequence, but a fine answer.
     if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
-        raise RewardResultError(
-            f"reward {name!r} returned a {type(result).__name__}, expected a list of scores"
-        )
+        raise RewardResultError(f"reward {name!r} returned a {type(result).__name__}, expected a list of scores")
     if len(result) != expected:
-        raise RewardResultError(
-            f"reward {name!r} returned {len(result)} scores for {expected} completions"
-        )
+        raise RewardResultError(f"reward {name!r} returned {len(result)} scores for {expected} completions")
     scores: RewardScores = []
     for index, score in enumerate(result):
         if score is None:
@@ -267,9 +259,7 @@ def score_completions(
     """
     if not len(completions) == len(prompts) == len(answers):
         # A caller bug, not a reward failure: kept out of RewardResultError on purpose.
-        raise ValueError(
-            f"{len(completions)} completions, {len(prompts)} prompts and {len(answers)} answers"
-        )
+        raise ValueError(f"{len(completions)} completions, {len(prompts)} prompts and {len(answers)} answers")
     args, kwargs = contract_arguments(fn, completions, prompts, answers, row_fields)
     result = fn(*args, **kwargs)
     if inspect.iscoroutine(result):

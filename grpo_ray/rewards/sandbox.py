@@ -29,10 +29,11 @@ or killed child is replaced at once (``restarts`` counts replacements) and the r
 Children die with the parent: daemonic (normal exit), EOF on their pipe (when idle), and a watchdog
 thread polling ``os.getppid()`` (when busy).
 
-Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard kill of the parent such a child lingers until that code
-returns; daemonic children may not start multiprocessing pools (``subprocess`` is fine); and, as
-for any spawn-based multiprocessing, each child imports the parent's main module, so a script that
-builds a scorer must do so under ``if __name__ == "__main__":`` (Ray's worker script does).
+Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard
+kill of the parent such a child lingers until that code returns; daemonic children may not start
+multiprocessing pools (``subprocess`` is fine); and, as for any spawn-based multiprocessing, each
+child imports the parent's main module, so a script that builds a scorer must do so under
+``if __name__ == "__main__":`` (Ray's worker script does).
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ from typing import Any
 
 from grpo_ray.rewards.registry import RewardScores, RewardSpecError
 from grpo_ray.rewards.sandbox_child import child_main, death_reason, kill
-
 
 
 @dataclass(frozen=True)
@@ -181,18 +181,12 @@ class SandboxedScorer:
         n = len(completions)
         lengths = [len(prompts), len(answers), *(len(values) for values in row_fields.values())]
         if any(length != n for length in lengths):
-            raise ValueError(
-                f"{n} completions but prompts/answers/row_fields have lengths {lengths}"
-            )
+            raise ValueError(f"{n} completions but prompts/answers/row_fields have lengths {lengths}")
         if functions is None:
             functions = list(range(len(self.names)))
         indices = [self._index(function) for function in functions]
         chunks = min(len(self._children), n)
-        tasks = [
-            _Task(function, n * k // chunks, n * (k + 1) // chunks)
-            for function in indices
-            for k in range(chunks)
-        ]
+        tasks = [_Task(function, n * k // chunks, n * (k + 1) // chunks) for function in indices for k in range(chunks)]
         with self._lock:
             if self._closed:
                 raise RuntimeError("SandboxedScorer is closed")

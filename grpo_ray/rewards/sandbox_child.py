@@ -19,7 +19,13 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from grpo_ray.rewards.registry import RewardSpecError, _one_line, load_reward_function, score_completions, takes_completion_ids
+from grpo_ray.rewards.registry import (
+    RewardSpecError,
+    _one_line,
+    load_reward_function,
+    score_completions,
+    takes_completion_ids,
+)
 
 # How often a busy child checks that its parent is still alive.
 _ORPHAN_POLL_S = 1.0

@@ -61,8 +61,14 @@ class RowScorer:
         """Sandbox children replaced so far (after a crash or a timeout)."""
         return self.sandbox.restarts if self.sandbox is not None else 0
 
-    def score(self, completions: list[str], prompts: list[str], answers: list[str],
-              row_fields: dict[str, list], functions: list[int] | None = None) -> list[FunctionResult]:
+    def score(
+        self,
+        completions: list[str],
+        prompts: list[str],
+        answers: list[str],
+        row_fields: dict[str, list],
+        functions: list[int] | None = None,
+    ) -> list[FunctionResult]:
         """(scores [N], first error) of each of `functions` (constructor indices; default all), in that order."""
         batch: Batch = (completions, prompts, answers, row_fields)
         indices = list(range(self.num_functions)) if functions is None else list(functions)
@@ -83,7 +89,9 @@ class RowScorer:
             if timeouts >= MAX_TIMEOUTS_IN_A_ROW:
                 break  # leave the rest None: the batch's error stands for them
             one = {name: values[i : i + 1] for name, values in row_fields.items()}
-            row_scores, row_error = self._call(index)(completions[i : i + 1], prompts[i : i + 1], answers[i : i + 1], one)
+            row_scores, row_error = self._call(index)(
+                completions[i : i + 1], prompts[i : i + 1], answers[i : i + 1], one
+            )
             scores[i] = row_scores[0]
             timeouts = timeouts + 1 if row_error and row_error.startswith("timed out") else 0
             if scores[i] is None and first_error is None:

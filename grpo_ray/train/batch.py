@@ -45,8 +45,15 @@ from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
 from grpo_ray.train.errors import RewardFailureError, RunStoppedError
-from grpo_ray.train.rows import (KeptResponse, Overlong, StepRows, batch_rows, failure_counts, preview_rewards,
-                                 read_responses)
+from grpo_ray.train.rows import (
+    KeptResponse,
+    Overlong,
+    StepRows,
+    batch_rows,
+    failure_counts,
+    preview_rewards,
+    read_responses,
+)
 from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
 
 
@@ -69,8 +76,14 @@ class Generation:
 
 
 class BatchBuilder:
-    def __init__(self, cfg: Config, workers: Workers, stream: PromptStream, recovery: WorkerRecovery | None = None,
-                 policy_version: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        cfg: Config,
+        workers: Workers,
+        stream: PromptStream,
+        recovery: WorkerRecovery | None = None,
+        policy_version: Callable[[], int] = lambda: 0,
+    ):
         self.cfg = cfg
         self.workers = workers
         self.stream = stream
@@ -118,7 +131,9 @@ class BatchBuilder:
         slice_rows: list[int] = []
         generations: list[StepRows] = []
         versions: list[int] = []
-        accumulator = GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
+        accumulator = (
+            GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
+        )
         self.unused_groups = 0
         if self.pending:
             generation = self.pending.popleft()
@@ -140,9 +155,11 @@ class BatchBuilder:
                 generation = self._start(sampling, group_offset=len(generations) * p)
         generated = StepRows.concat(generations)
         # Updates between the weights that sampled the oldest batch and the learner's now.
-        metrics = {"batch/generation_tries": float(len(generations)),
-                   "batch/staleness": float(self.policy_version() - min(versions)),
-                   "batch/policy_version": float(min(versions))}
+        metrics = {
+            "batch/generation_tries": float(len(generations)),
+            "batch/staleness": float(self.policy_version() - min(versions)),
+            "batch/policy_version": float(min(versions)),
+        }
         if cfg.rollout.groups_per_chunk and accumulator is not None:
             metrics["batch/unused_groups"] = float(self.unused_groups)
         train = generated if accumulator is None else self._dynamic_sample(generated, generations, accumulator, metrics)
@@ -171,13 +188,17 @@ class BatchBuilder:
         sampling = replace(sampling, seed=self.cfg.seed * 1_000_003 + self.batches_drawn)
         return Generation(self.service.issue(prompts, sampling, group_offset, self.policy_version()), cursor)
 
-    def _finish(self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None = None) -> StepRows:
+    def _finish(
+        self, generation: Generation, refs: list, slice_rows: list[int], timer, need: int | None = None
+    ) -> StepRows:
         """A generation's rows, once rolled out and scored (the rollout service); appends its slice refs
         to `refs` (and their row counts to `slice_rows`), so the rows' sources index `refs`. need: the
         informative groups dynamic sampling still needs (a streamed rollout stops once it has them)."""
         flight = generation.flight
         max_new_tokens = flight.sampling.max_new_tokens
-        preview = partial(preview_rewards, max_new_tokens=max_new_tokens, overlong=self.overlong, clip=self.cfg.reward.clip)
+        preview = partial(
+            preview_rewards, max_new_tokens=max_new_tokens, overlong=self.overlong, clip=self.cfg.reward.clip
+        )
         batch = self.service.collect(flight, timer, self.policy_version(), need, preview)
         if batch.kept_groups is not None:  # groups dynamic sampling did not need: aborted, or finished unread
             self.unused_groups += len(flight.prompts) - batch.kept_groups
@@ -200,8 +221,9 @@ class BatchBuilder:
 
     # -- dynamic sampling ------------------------------------------------------------------------
 
-    def _dynamic_sample(self, generated: StepRows, generations: list[StepRows], accumulator: GroupAccumulator,
-                        metrics) -> StepRows | None:
+    def _dynamic_sample(
+        self, generated: StepRows, generations: list[StepRows], accumulator: GroupAccumulator, metrics
+    ) -> StepRows | None:
         """The informative groups collected, padded to the batch size with rows out of the loss.
         `generated` is the generations concatenated."""
         offsets = np.cumsum([0] + [len(g) for g in generations])
@@ -241,8 +263,12 @@ class BatchBuilder:
             by_source.setdefault(int(generated.sources[i]), []).append(i)
         calls = []
         for source, rows in by_source.items():
-            scores = [(float(generated.rewards[i]), {n: float(v[i]) for n, v in generated.per_function.items()}) for i in rows]
-            calls.append((rows, beside_data(read_responses, refs[source], [int(generated.rows[i]) for i in rows], scores)))
+            scores = [
+                (float(generated.rewards[i]), {n: float(v[i]) for n, v in generated.per_function.items()}) for i in rows
+            ]
+            calls.append(
+                (rows, beside_data(read_responses, refs[source], [int(generated.rows[i]) for i in rows], scores))
+            )
         for rows, call in calls:
             for i, response in zip(rows, fetch(call)):
                 # Stored as a plain dict: the buffer goes into checkpoints as JSON.

@@ -63,13 +63,37 @@ HASH_VERSION = 2
 # of its day, so it is recomputed without these; they must be at their defaults, as the old code ran.
 # "stages[].lr" names a field of every item of a list.
 ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
-    "algorithm.kl_controller", "algorithm.kl_horizon", "algorithm.kl_target",
-    "learner.initial_scale_power", "learner.loss_scale", "learner.loss_scale_window", "learner.lr_schedule",
-    "learner.logprob_chunk_tokens", "learner.logprob_kernel", "learner.max_tokens_per_micro_batch", "learner.min_lr", "learner.offload_optimizer", "learner.offload_params", "learner.offload_states_between_updates", "learner.packing", "learner.warmup_ratio",
-    "learner.warmup_steps", "model.quantization", "reference.model_path", "reference.tokenizer",
-    "reward.by_source", "reward.clip", "reward.normalize", "reward.source_field", "rollout.groups_per_chunk",
-    "rollout.vllm.sleep_level", "rollout.vllm.sync_during_generation",
-    "stages[].lr", "stages[].lr_schedule", "train.checkpoint_every_minutes", "weight_sync.same_device",
+    "algorithm.kl_controller",
+    "algorithm.kl_horizon",
+    "algorithm.kl_target",
+    "learner.initial_scale_power",
+    "learner.loss_scale",
+    "learner.loss_scale_window",
+    "learner.lr_schedule",
+    "learner.logprob_chunk_tokens",
+    "learner.logprob_kernel",
+    "learner.max_tokens_per_micro_batch",
+    "learner.min_lr",
+    "learner.offload_optimizer",
+    "learner.offload_params",
+    "learner.offload_states_between_updates",
+    "learner.packing",
+    "learner.warmup_ratio",
+    "learner.warmup_steps",
+    "model.quantization",
+    "reference.model_path",
+    "reference.tokenizer",
+    "reward.by_source",
+    "reward.clip",
+    "reward.normalize",
+    "reward.source_field",
+    "rollout.groups_per_chunk",
+    "rollout.vllm.sleep_level",
+    "rollout.vllm.sync_during_generation",
+    "stages[].lr",
+    "stages[].lr_schedule",
+    "train.checkpoint_every_minutes",
+    "weight_sync.same_device",
 )
 
 
@@ -79,7 +103,9 @@ class RecipeHashes:
     legacy: str | None  # format 1: what an older checkpoint of this recipe recorded; None: none can match
 
 
-def recipe_hashes(full: dict[str, Any], non_default: dict[str, Any], added: tuple[str, ...] = ADDED_SINCE_FORMAT_1) -> RecipeHashes:
+def recipe_hashes(
+    full: dict[str, Any], non_default: dict[str, Any], added: tuple[str, ...] = ADDED_SINCE_FORMAT_1
+) -> RecipeHashes:
     """full: the resolved config as a dict; non_default: the same without fields at their defaults."""
     set_since = [path for path in added if _has_path(non_default, path)]
     legacy = None if set_since else recipe_hash(_without(full, added))
@@ -178,7 +204,9 @@ def read_state(folder: Path) -> TrainerState:
         data = json.loads((folder / STATE_FILE).read_text(encoding="utf-8"))
         return TrainerState(**data)
     except (OSError, ValueError, TypeError) as err:
-        raise CheckpointError(f"{folder / STATE_FILE} cannot be read ({err}); remove that checkpoint folder to resume from the one before") from None
+        raise CheckpointError(
+            f"{folder / STATE_FILE} cannot be read ({err}); remove that checkpoint folder to resume from the one before"
+        ) from None
 
 
 def set_aside(root: Path, suffix: str) -> Path | None:
@@ -216,7 +244,8 @@ def resume_point(root: Path, mode: str, expected: RecipeHashes) -> Path | None:
     wanted = expected.current if state.hash_version >= HASH_VERSION else expected.legacy
     if state.recipe_hash != wanted:
         raise CheckpointError(
-            f"{latest} was written by a different recipe (hash {state.recipe_hash}, this one {expected.current}); resume with the "
+            f"{latest} was written by a different recipe (hash {state.recipe_hash}, this one "
+            f"{expected.current}); resume with the "
             "recipe the run started with, set output_dir to a new folder, or pass --no-resume to start over"
         )
     return latest

@@ -19,8 +19,11 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     if not prompts:
         return float("nan")
     sampling = SamplingSettings(
-        samples_per_prompt=cfg.train.eval_samples, max_new_tokens=stage.max_new_tokens,
-        temperature=stage.eval_temperature, top_p=stage.top_p, seed=cfg.seed + step,
+        samples_per_prompt=cfg.train.eval_samples,
+        max_new_tokens=stage.max_new_tokens,
+        temperature=stage.eval_temperature,
+        top_p=stage.top_p,
+        seed=cfg.seed + step,
     )
     samples = f"{cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each"
     run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts, {samples}")
@@ -32,8 +35,14 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     first = "accuracy" if "accuracy" in scored[0].per_function else first
     scores = np.concatenate([s.per_function[first] for s in scored])
     accuracy = mean_accuracy(scores)
-    run.tracker.log_metrics(step, {"eval/accuracy": accuracy, "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
-                                   **eval_source_accuracies([s.per_function for s in scored])})
+    run.tracker.log_metrics(
+        step,
+        {
+            "eval/accuracy": accuracy,
+            "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
+            **eval_source_accuracies([s.per_function for s in scored]),
+        },
+    )
     return accuracy
 
 
@@ -47,4 +56,3 @@ def _scored_samples(run: Run, sampling: SamplingSettings) -> list[ScoredSlice]:
             return score_slices(run.workers, run.cfg.reward.model.weight, refs, rows)
         except CallFailed as failed:
             run.recovery.recover(failed.cause)  # re-raises what is not a worker's death; restarts are bounded
-

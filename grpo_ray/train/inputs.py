@@ -89,8 +89,10 @@ def make_probe(prompts: list[Prompt], tokenizer) -> Probe:
     """A fixed batch: each prompt followed by its reference answer and the end-of-turn token, right-padded.
     Several rows, so that the probe's mean gaps (transport/probe.py) average over more than the few
     tokens of one short answer."""
-    rows = [(list(p.token_ids), tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
-            for p in prompts]
+    rows = [
+        (list(p.token_ids), tokenizer(p.answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+        for p in prompts
+    ]
     width = max(len(prompt) + len(completion) for prompt, completion in rows)
     input_ids = np.full((len(rows), width), tokenizer.pad_token_id, dtype=np.int64)
     attention = np.zeros((len(rows), width), dtype=np.int64)

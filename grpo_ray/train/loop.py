@@ -41,7 +41,16 @@ from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
-from grpo_ray.config import Config, StagePlan, config_to_dict, flatten, plan_batches, plan_stages, prefetch_room, total_steps
+from grpo_ray.config import (
+    Config,
+    StagePlan,
+    config_to_dict,
+    flatten,
+    plan_batches,
+    plan_stages,
+    prefetch_room,
+    total_steps,
+)
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
 from grpo_ray.train import interrupts
@@ -80,7 +89,9 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
         console.close()
         return result
     tracker = MlflowTracker(
-        tracking_uri, cfg.tracking.experiment, cfg.tracking.run_name,
+        tracking_uri,
+        cfg.tracking.experiment,
+        cfg.tracking.run_name,
         artifact_root=output_dir / "mlartifacts" if cfg.tracking.tracking_uri is None else None,
         resume_run_id=state.run_id if state else None,
     )
@@ -97,20 +108,36 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     )
     try:
         with tracker.ending(), ray_session(cfg.ray) as session:
-            where = "a local Ray started for this run" if session.started_local else f"the Ray cluster at {session.address}"
-            console.info(f"running on {where}" + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else "")
-                         + (f"; metrics {session.metrics_url}" if session.metrics_url else ""))
+            where = (
+                "a local Ray started for this run" if session.started_local else f"the Ray cluster at {session.address}"
+            )
+            console.info(
+                f"running on {where}"
+                + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else "")
+                + (f"; metrics {session.metrics_url}" if session.metrics_url else "")
+            )
             workers = start_workers(cfg, plan_batches(cfg))
-            tracker.set_tags({"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"})
+            tracker.set_tags(
+                {"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"}
+            )
             _report_placement(workers, tracker, console)
             run = Run(cfg, inputs, workers, tracker, console, fingerprint)
             _report_sync(run.sync, console)
             if cfg.weight_sync.measure_raw_broadcast:
                 raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
                 tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
-                plain = " and ".join(way for way, ranks in (("broadcast", run.sync.broadcast_ranks),
-                                                             ("copy on the device", run.sync.handoff_ranks)) if ranks)
-                console.info(f"weight sync yardstick: a plain {plain} of the model's {run.sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s")
+                plain = " and ".join(
+                    way
+                    for way, ranks in (
+                        ("broadcast", run.sync.broadcast_ranks),
+                        ("copy on the device", run.sync.handoff_ranks),
+                    )
+                    if ranks
+                )
+                console.info(
+                    f"weight sync yardstick: a plain {plain} of the model's {run.sync.num_bytes / 1e6:.1f} MB "
+                    f"runs at {raw:.2f} GB/s"
+                )
             progress = restore(run, resume_from, state) if state else _start(run)
             try:
                 return _loop(run, progress)
@@ -138,12 +165,16 @@ def _report_sync(sync, console: ConsoleReporter) -> None:
         console.info(note)
     what = "the LoRA adapter" if sync.adapter_only else "the weights"
     receivers = sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
-    console.info(f"weight sync: {what} ({sync.num_bytes / 1e6:.2f} MB) to {receivers} "
-                 f"rank{'s' if receivers > 1 else ''}: {sync.route_line}")
+    console.info(
+        f"weight sync: {what} ({sync.num_bytes / 1e6:.2f} MB) to {receivers} "
+        f"rank{'s' if receivers > 1 else ''}: {sync.route_line}"
+    )
     if sync.start_gaps:
-        console.info(f"weight probe: engine-learner kernel gap at the start {max(sync.start_gaps):.1e} (mean |log-prob "
-                     f"difference|); a probe tells loaded from stale once the updates moved it {SEPARATION:g}x past that "
-                     "or weight_sync.probe_tolerance, whichever is larger")
+        console.info(
+            f"weight probe: engine-learner kernel gap at the start {max(sync.start_gaps):.1e} (mean |log-prob "
+            f"difference|); a probe tells loaded from stale once the updates moved it {SEPARATION:g}x past that "
+            "or weight_sync.probe_tolerance, whichever is larger"
+        )
 
 
 def _start(run: Run) -> Progress:
@@ -158,7 +189,7 @@ def _start(run: Run) -> Progress:
 def _loop(run: Run, progress: Progress) -> TrainResult:
     cfg = run.cfg
     stages = plan_stages(cfg)
-    for stage in stages[progress.stage_index:]:
+    for stage in stages[progress.stage_index :]:
         _open_stage(run, stage, progress)
         reached = False  # train.stop_at_accuracy
         while progress.step < stage.last_step:
@@ -179,8 +210,10 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
         _finish_stage(run, stage, is_last=stage is stages[-1] or reached)
         progress.stage_index += 1
         if reached:
-            run.console.info(f"step {progress.step}: held-out accuracy {progress.accuracy[progress.step]:.3f} reached "
-                             f"train.stop_at_accuracy {cfg.train.stop_at_accuracy:g}; the run ends here")
+            run.console.info(
+                f"step {progress.step}: held-out accuracy {progress.accuracy[progress.step]:.3f} reached "
+                f"train.stop_at_accuracy {cfg.train.stop_at_accuracy:g}; the run ends here"
+            )
             break
         if stage is not stages[-1]:
             checkpoint(run, progress)
@@ -190,8 +223,12 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
     model_dir = run.workers.save_model(run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
     checkpoint(run, progress, finished=True)
-    run.console.info(f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}")
-    return TrainResult(run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics)
+    run.console.info(
+        f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}"
+    )
+    return TrainResult(
+        run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics
+    )
 
 
 def _record_step(run: Run, stage: StagePlan, progress: Progress, metrics: dict[str, float]) -> bool:
@@ -229,8 +266,10 @@ def _open_stage(run: Run, stage: StagePlan, progress: Progress) -> None:
         progress.open_stage_run = None
         return
     run.tracker.start_stage(stage.name, asdict(stage))
-    run.console.info(f"stage {stage.name}: steps {stage.first_step}-{stage.last_step}, temperature "
-                     f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}")
+    run.console.info(
+        f"stage {stage.name}: steps {stage.first_step}-{stage.last_step}, temperature "
+        f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}"
+    )
 
 
 def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReporter) -> None:
@@ -240,11 +279,14 @@ def _count_skipped_update(progress: Progress, limit: int, console: ConsoleReport
         progress.nonfinite_in_a_row = 0
         return
     progress.nonfinite_in_a_row += 1
-    console.info(f"step {progress.step}: update skipped, the loss or a gradient was NaN or infinite "
-                     f"({progress.nonfinite_in_a_row} in a row, the run stops at {limit})")
+    console.info(
+        f"step {progress.step}: update skipped, the loss or a gradient was NaN or infinite "
+        f"({progress.nonfinite_in_a_row} in a row, the run stops at {limit})"
+    )
     if progress.nonfinite_in_a_row >= limit:
         raise NonFiniteUpdateError(
-            f"the update was skipped {limit} steps in a row for a NaN or infinite loss or gradient (train.max_nonfinite_updates); "
+            f"the update was skipped {limit} steps in a row for a NaN or infinite loss or gradient "
+            "(train.max_nonfinite_updates); "
             f"lower learner.lr or check the rewards, and resume from the last checkpoint"
         )
 
@@ -275,7 +317,8 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     with timer("reference"):
         if workers.reference is not None and not cfg.algorithm.kl_in_loss:
             train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(
-                workers, payloads, train, stage.temperature, cfg.algorithm.kl_estimator, kl_coef)
+                workers, payloads, train, stage.temperature, cfg.algorithm.kl_estimator, kl_coef
+            )
         elif workers.reference is not None:
             ref_refs = workers.reference_logprobs(payloads, stage.temperature)
     with timer("advantages"):
@@ -285,9 +328,19 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         # and generate while this one trains.
         # Nothing more is started ahead once a time-based checkpoint is due: it waits for none in flight.
         room = 0 if run.checkpoint_time_due() else prefetch_room(cfg, stage, step, len(run.builder.pending))
-        stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, stage.temperature,
-                           float(stage.max_new_tokens), while_running=lambda: run.builder.prefetch(sampling, room),
-                           kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None)
+        stats = run_update(
+            workers,
+            payloads,
+            sizes,
+            train,
+            advantages,
+            ref_refs,
+            step,
+            stage.temperature,
+            float(stage.max_new_tokens),
+            while_running=lambda: run.builder.prefetch(sampling, room),
+            kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None,
+        )
     if cfg.rollout.max_staleness:  # what overlapped the update: batches generating beside it, and how many ended first
         extra["pipeline/ahead_during_update"], extra["pipeline/ahead_generated_by_update_end"] = run.builder.ahead()
     # Weight sync: learner rank 0 broadcasts; every worker proves what it loaded.
@@ -343,9 +396,13 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
             )
         keep = set(kept)
         builder.stream = PromptStream([p for p in prompts if p.uid in keep], seed=cfg.seed)
-        run.tracker.log_metrics(stage.last_step, {"polaris/dropped_easy_prompts": float(dropped),
-                                                  "polaris/training_prompts": float(len(kept))})
-        run.console.info(f"stage {stage.name}: dropped {dropped} prompts averaging above {threshold}; {len(kept)} remain")
+        run.tracker.log_metrics(
+            stage.last_step,
+            {"polaris/dropped_easy_prompts": float(dropped), "polaris/training_prompts": float(len(kept))},
+        )
+        run.console.info(
+            f"stage {stage.name}: dropped {dropped} prompts averaging above {threshold}; {len(kept)} remain"
+        )
     run.tracker.end_stage("FINISHED")
 
 
@@ -364,13 +421,13 @@ def _log_samples(run: Run, step: int) -> None:
 
 def _skip_message(cfg: Config, count: int) -> str:
     if cfg.polaris.substitution:
-        why = (f"polaris.substitution: {count} batches in a row had at most {cfg.train.prompts_per_step // 3} "
-               "informative groups (mean reward strictly between 0 and 1)")
+        why = (
+            f"polaris.substitution: {count} batches in a row had at most {cfg.train.prompts_per_step // 3} "
+            "informative groups (mean reward strictly between 0 and 1)"
+        )
     else:
         why = f"algorithm.dynamic_sampling: {count} batches in a row had no group with a reward spread"
-    return why + "; the data is too easy or too hard for this model: filter it (data.difficulty_band) or raise train.max_skipped_batches"
-
-
-
-
-
+    return (
+        why + "; the data is too easy or too hard for this model: filter it (data.difficulty_band) or raise "
+        "train.max_skipped_batches"
+    )

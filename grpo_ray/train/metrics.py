@@ -65,7 +65,9 @@ def step_metrics(
     metrics["timing/overhead"] = max(step_seconds - sum(timings.values()), 0.0)
     metrics["throughput/samples_per_s"] = len(generated) / step_seconds
     metrics["throughput/completion_tokens_per_s"] = float(generated.completion_lengths.sum()) / step_seconds
-    metrics["throughput/learner_tokens_per_s"] = sum(s.num_tokens for s in stats) / max(timings.get("timing/update", 0.0), 1e-9)
+    metrics["throughput/learner_tokens_per_s"] = sum(s.num_tokens for s in stats) / max(
+        timings.get("timing/update", 0.0), 1e-9
+    )
     metrics["sync/seconds"] = synced.seconds
     metrics["sync/gbytes_per_s"] = synced.num_bytes / max(synced.seconds, 1e-9) / 1e9
     metrics["sync/megabytes"] = synced.num_bytes / 1e6

@@ -16,26 +16,36 @@ from grpo_ray.train.checkpoint import HASH_VERSION, TrainerState, latest_checkpo
 from grpo_ray.train.run import Progress, Run, TrainResult, in_phase
 
 
-
 def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:
     run.tracker.flush()  # the metrics up to this step are in the store before the checkpoint says so
     workers = run.workers
     reference_saved = workers.reference is not None and run.cfg.reference.refresh_every > 0
     state = TrainerState(
-        step=progress.step, stage_index=progress.stage_index, run_id=run.tracker.run_id,
-        stage_run_id=run.tracker.stage_run_id, recipe_hash=run.recipe_hash, builder=run.builder.state_dict(),
+        step=progress.step,
+        stage_index=progress.stage_index,
+        run_id=run.tracker.run_id,
+        stage_run_id=run.tracker.stage_run_id,
+        recipe_hash=run.recipe_hash,
+        builder=run.builder.state_dict(),
         accuracy={str(step): value for step, value in progress.accuracy.items()},
-        skipped_in_a_row=progress.skipped_in_a_row, nonfinite_in_a_row=progress.nonfinite_in_a_row,
-        last_metrics=progress.metrics, finished=finished, reference_saved=reference_saved,
-        kl_controller=run.kl.state_dict(), hash_version=HASH_VERSION,
+        skipped_in_a_row=progress.skipped_in_a_row,
+        nonfinite_in_a_row=progress.nonfinite_in_a_row,
+        last_metrics=progress.metrics,
+        finished=finished,
+        reference_saved=reference_saved,
+        kl_controller=run.kl.state_dict(),
+        hash_version=HASH_VERSION,
     )
 
     run.console.phase(f"step {progress.step}: writing checkpoint")  # the bar says what the pause is
     started = time.perf_counter()
     with in_phase("checkpoint"):
-        path = write_checkpoint(run.output_dir / "checkpoints", state,
-                                lambda folder: workers.save_checkpoint(folder, with_reference=reference_saved),
-                                run.cfg.train.keep_checkpoints)
+        path = write_checkpoint(
+            run.output_dir / "checkpoints",
+            state,
+            lambda folder: workers.save_checkpoint(folder, with_reference=reference_saved),
+            run.cfg.train.keep_checkpoints,
+        )
     run.tracker.log_metrics(progress.step, {"timing/checkpoint": time.perf_counter() - started})
     run.last_checkpoint = time.monotonic()
     run.console.phase(None)
@@ -50,20 +60,31 @@ def restore(run: Run, folder: Path, state: TrainerState) -> Progress:
         run.kl.load_state_dict(state.kl_controller)
     run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
     return Progress(
-        step=state.step, stage_index=state.stage_index,
+        step=state.step,
+        stage_index=state.stage_index,
         accuracy={int(step): value for step, value in state.accuracy.items()},
-        skipped_in_a_row=state.skipped_in_a_row, nonfinite_in_a_row=state.nonfinite_in_a_row,
-        metrics=dict(state.last_metrics), open_stage_run=state.stage_run_id,
+        skipped_in_a_row=state.skipped_in_a_row,
+        nonfinite_in_a_row=state.nonfinite_in_a_row,
+        metrics=dict(state.last_metrics),
+        open_stage_run=state.stage_run_id,
     )
 
 
 def already_finished(cfg: Config, state: TrainerState, folder: Path, tracking_uri: str, console) -> TrainResult:
     model_dir = Path(cfg.output_dir) / "model"
-    console.info(f"{cfg.output_dir} holds a run that finished at step {state.step} ({folder}); nothing to train. "
-                 "Set output_dir to a new folder, or pass --no-resume to train again from the start")
+    console.info(
+        f"{cfg.output_dir} holds a run that finished at step {state.step} ({folder}); nothing to train. "
+        "Set output_dir to a new folder, or pass --no-resume to train again from the start"
+    )
     accuracy = {int(step): value for step, value in state.accuracy.items()}
-    return TrainResult(state.run_id, tracking_uri, state.step, accuracy,
-                       str(model_dir) if model_dir.is_dir() else None, dict(state.last_metrics))
+    return TrainResult(
+        state.run_id,
+        tracking_uri,
+        state.step,
+        accuracy,
+        str(model_dir) if model_dir.is_dir() else None,
+        dict(state.last_metrics),
+    )
 
 
 def resume_hint(checkpoints: Path) -> str:

@@ -161,12 +161,16 @@ class StepRows:
     ) -> StepRows:
         """Every row of the scored slices, slice after slice; slice k is source first_source + k."""
         return StepRows(
-            sources=np.concatenate([np.full(len(s.rewards), first_source + k, dtype=np.int64) for k, s in enumerate(scored)]),
+            sources=np.concatenate(
+                [np.full(len(s.rewards), first_source + k, dtype=np.int64) for k, s in enumerate(scored)]
+            ),
             rows=np.concatenate([np.arange(len(s.rewards), dtype=np.int64) for s in scored]),
             group_ids=np.concatenate([s.group_ids for s in scored]).astype(np.int64),
             prompt_uids=np.concatenate([s.prompt_uids for s in scored]).astype(np.int64),
             rewards=np.concatenate(rewards).astype(np.float64),
-            per_function={name: np.concatenate([s.per_function[name] for s in scored]) for name in scored[0].per_function},
+            per_function={
+                name: np.concatenate([s.per_function[name] for s in scored]) for name in scored[0].per_function
+            },
             row_weights=np.concatenate(row_weights).astype(np.float32),
             completion_lengths=np.concatenate([s.completion_lengths for s in scored]).astype(np.int64),
             truncated=np.concatenate([s.truncated for s in scored]),
@@ -182,12 +186,16 @@ class StepRows:
             group_ids=np.concatenate([p.group_ids for p in parts]),
             prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
             rewards=np.concatenate([p.rewards for p in parts]),
-            per_function={name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function},
+            per_function={
+                name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function
+            },
             row_weights=np.concatenate([p.row_weights for p in parts]),
             completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
             truncated=np.concatenate([p.truncated for p in parts]),
             group_diversity=np.concatenate([p.group_diversity for p in parts]),
-            replacements={int(offset) + row: r for p, offset in zip(parts, offsets) for row, r in p.replacements.items()},
+            replacements={
+                int(offset) + row: r for p, offset in zip(parts, offsets) for row, r in p.replacements.items()
+            },
         )
 
     def select(self, index: np.ndarray) -> StepRows:
@@ -204,7 +212,9 @@ class StepRows:
             completion_lengths=self.completion_lengths[index],
             truncated=self.truncated[index],
             group_diversity=self.group_diversity[index],
-            replacements={new: self.replacements[int(old)] for new, old in enumerate(index) if int(old) in self.replacements},
+            replacements={
+                new: self.replacements[int(old)] for new, old in enumerate(index) if int(old) in self.replacements
+            },
         )
 
     def with_group_ids(self, group_ids: np.ndarray) -> StepRows:
@@ -218,6 +228,7 @@ class StepRows:
 
     def with_replacement(self, row: int, response: KeptResponse) -> StepRows:
         """Row `row` now holds `response`: its reward, scores, length and truncation are the response's."""
+
         def put(array: np.ndarray, value) -> np.ndarray:
             out = array.copy()
             out[row] = value
@@ -226,7 +237,9 @@ class StepRows:
         return replace(
             self,
             rewards=put(self.rewards, response.reward),
-            per_function={name: put(values, response.per_function.get(name, np.nan)) for name, values in self.per_function.items()},
+            per_function={
+                name: put(values, response.per_function.get(name, np.nan)) for name, values in self.per_function.items()
+            },
             row_weights=put(self.row_weights, 1.0),
             completion_lengths=put(self.completion_lengths, len(response.token_ids)),
             truncated=put(self.truncated, response.finish_reason == "length"),
@@ -252,7 +265,9 @@ class StepRows:
         return plans
 
 
-def read_responses(batch: RolloutSlice, rows: list[int], scores: list[tuple[float, dict[str, float]]]) -> list[KeptResponse]:
+def read_responses(
+    batch: RolloutSlice, rows: list[int], scores: list[tuple[float, dict[str, float]]]
+) -> list[KeptResponse]:
     """Cut the given rows' completions out of a slice (run beside the slice, for the rescue buffer)."""
     return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
 
@@ -260,8 +275,13 @@ def read_responses(batch: RolloutSlice, rows: list[int], scores: list[tuple[floa
 def sample_rows(batch: RolloutSlice, count: int, rewards: list[float]) -> list[dict]:
     """The first `count` rows of a slice as table rows (prompt, completion, answer, reward)."""
     return [
-        {"prompt": batch.prompts[i], "completion": batch.completions[i], "answer": batch.answers[i],
-         "reward": rewards[i], "finish_reason": batch.finish_reasons[i]}
+        {
+            "prompt": batch.prompts[i],
+            "completion": batch.completions[i],
+            "answer": batch.answers[i],
+            "reward": rewards[i],
+            "finish_reason": batch.finish_reasons[i],
+        }
         for i in range(min(count, batch.num_rows))
     ]
 
@@ -280,11 +300,20 @@ class Overlong:
     penalty: float
 
 
-def shape_rewards(scored: list[ScoredSlice], max_new_tokens: int, overlong: Overlong) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def shape_rewards(
+    scored: list[ScoredSlice], max_new_tokens: int, overlong: Overlong
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per slice: rewards after the overlong treatment, and row loss weights (0 = out of the loss)."""
     shaped = [
-        shape_overlong_rewards(s.rewards, s.completion_lengths, s.truncated, overlong.mode,
-                               max_new_tokens, overlong.buffer, overlong.penalty)
+        shape_overlong_rewards(
+            s.rewards,
+            s.completion_lengths,
+            s.truncated,
+            overlong.mode,
+            max_new_tokens,
+            overlong.buffer,
+            overlong.penalty,
+        )
         for s in scored
     ]
     return [r for r, _ in shaped], [w for _, w in shaped]
@@ -304,8 +333,9 @@ def batch_rows(batch: ScoredBatch, max_new_tokens: int, first_source: int, overl
     return rows
 
 
-def preview_rewards(scored: ScoredSlice, max_new_tokens: int, overlong: Overlong,
-                    clip: tuple[float, float] | None) -> np.ndarray:
+def preview_rewards(
+    scored: ScoredSlice, max_new_tokens: int, overlong: Overlong, clip: tuple[float, float] | None
+) -> np.ndarray:
     """The rewards dynamic sampling judges a streamed chunk by, before the batch is whole: overlong
     treatment and clipping (reward.clip). Running normalisation is left out: an affine map with a
     positive scale, it keeps equal rewards equal and different ones different."""

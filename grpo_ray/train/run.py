@@ -73,24 +73,37 @@ class Run:
     recipe_hash: str = ""
 
     def __post_init__(self) -> None:
-        self.sync = WeightBroadcaster(self.workers.learners, self.workers.rollouts, self.cfg.weight_sync.bucket_mb,
-                                      self.cfg.weight_sync.timeout_s, adapter_only=syncs_lora_adapter(self.cfg),
-                                      # A batch k updates old is finished after the next version was sent: k + 1.
-                                      keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
-                                      during_generation=syncs_during_generation(self.cfg),
-                                      same_device=self.cfg.weight_sync.same_device,
-                                      sleeps=self.cfg.rollout.vllm.sleep_level > 0,
-                                      # Scored now, while every role holds the starting weights (a resumed
-                                      # run's too: the checkpoint loads later): each engine's baseline.
-                                      probe=self.inputs.probe if self.cfg.weight_sync.probe_every else None)
+        self.sync = WeightBroadcaster(
+            self.workers.learners,
+            self.workers.rollouts,
+            self.cfg.weight_sync.bucket_mb,
+            self.cfg.weight_sync.timeout_s,
+            adapter_only=syncs_lora_adapter(self.cfg),
+            # A batch k updates old is finished after the next version was sent: k + 1.
+            keep_versions=self.cfg.rollout.max_staleness + 1 if self.cfg.rollout.max_staleness else 0,
+            during_generation=syncs_during_generation(self.cfg),
+            same_device=self.cfg.weight_sync.same_device,
+            sleeps=self.cfg.rollout.vllm.sleep_level > 0,
+            # Scored now, while every role holds the starting weights (a resumed
+            # run's too: the checkpoint loads later): each engine's baseline.
+            probe=self.inputs.probe if self.cfg.weight_sync.probe_every else None,
+        )
         self.probe_notice_given = False  # the first undecided probe says so in one line; the rest are metrics
         self.recovery = WorkerRecovery(
-            self.workers.rollouts, self.workers.rewards, max_restarts=self.cfg.ray.max_actor_restarts, log=self.console.info,
+            self.workers.rollouts,
+            self.workers.rewards,
+            max_restarts=self.cfg.ray.max_actor_restarts,
+            log=self.console.info,
             resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
             with_weights=self.sync.with_kept_weights,
         )
-        self.builder = BatchBuilder(self.cfg, self.workers, PromptStream(self.inputs.train_prompts, seed=self.cfg.seed), self.recovery,
-                                    policy_version=lambda: self.sync.version)
+        self.builder = BatchBuilder(
+            self.cfg,
+            self.workers,
+            PromptStream(self.inputs.train_prompts, seed=self.cfg.seed),
+            self.recovery,
+            policy_version=lambda: self.sync.version,
+        )
         self.output_dir = Path(self.cfg.output_dir)
         self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
         self.faults_logged: dict[str, float] = {}  # the recovery counters the last step's metrics reached

@@ -44,8 +44,9 @@ def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[lis
     return payloads, sizes
 
 
-def kl_reward_penalty(workers: Workers, payloads: list[list], train: StepRows, temperature: float, estimator: str,
-                      kl_coef: float) -> tuple[StepRows, float]:
+def kl_reward_penalty(
+    workers: Workers, payloads: list[list], train: StepRows, temperature: float, estimator: str, kl_coef: float
+) -> tuple[StepRows, float]:
     """Rewards minus kl_coef (this step's: algorithm.kl_controller) x the completion's KL to the
     reference by `estimator` (algorithm.kl_estimator), rows out of the loss untouched; also the mean
     KL of the rows in the loss."""
@@ -71,9 +72,17 @@ def group_advantages(rows: StepRows, estimator: str, normalize_by_std: bool) -> 
 
 
 def run_update(
-    workers: Workers, payloads: list[list], sizes: list[list[int]], train: StepRows, advantages: np.ndarray,
-    ref_refs: list[list] | None, step: int, temperature: float, norm_length: float,
-    while_running: Callable[[], None] | None = None, kl_coef: float | None = None,
+    workers: Workers,
+    payloads: list[list],
+    sizes: list[list[int]],
+    train: StepRows,
+    advantages: np.ndarray,
+    ref_refs: list[list] | None,
+    step: int,
+    temperature: float,
+    norm_length: float,
+    while_running: Callable[[], None] | None = None,
+    kl_coef: float | None = None,
 ) -> list[LearnerStats]:
     """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
 
@@ -90,16 +99,18 @@ def run_update(
     for rank in range(len(workers.learners)):
         mine = range(k, k + len(payloads[rank]))
         k += len(payloads[rank])
-        shards.append(LearnerShard(
-            step=step,
-            advantages=[cut(advantages, i) for i in mine],
-            row_weights=[cut(train.row_weights, i) for i in mine],
-            global_tokens=max(global_tokens, 1.0),
-            global_sequences=global_sequences,
-            temperature=temperature,
-            norm_length=norm_length,
-            kl_coef=kl_coef,
-        ))
+        shards.append(
+            LearnerShard(
+                step=step,
+                advantages=[cut(advantages, i) for i in mine],
+                row_weights=[cut(train.row_weights, i) for i in mine],
+                global_tokens=max(global_tokens, 1.0),
+                global_sequences=global_sequences,
+                temperature=temperature,
+                norm_length=norm_length,
+                kl_coef=kl_coef,
+            )
+        )
     calls = workers.update(shards, payloads, ref_refs)
     if while_running is not None:
         while_running()

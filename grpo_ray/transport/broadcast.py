@@ -103,7 +103,10 @@ def choose_backend(identities: list[str]) -> tuple[str, str]:
         return "gloo", "a process of the group has no GPU"
     if len(set(identities)) < len(identities):
         shared = next(i for i in identities if identities.count(i) > 1)
-        return "gloo", f"two processes of the group share GPU {shared}, which NCCL refuses; the weights go through host memory"
+        return (
+            "gloo",
+            f"two processes of the group share GPU {shared}, which NCCL refuses; the weights go through host memory",
+        )
     return "nccl", f"{len(identities)} processes on {len(identities)} GPUs"
 
 
@@ -292,7 +295,9 @@ def bucket_storage(
     later_places = set(tied_aliases([parameters[spec.name] for spec in specs]))
     for bucket in buckets:
         first = parameters[specs[bucket[0]].name]
-        flat = torch.empty(sum(specs[i].numel for i in bucket), dtype=_dtype(specs[bucket[0]].dtype), device=first.device)
+        flat = torch.empty(
+            sum(specs[i].numel for i in bucket), dtype=_dtype(specs[bucket[0]].dtype), device=first.device
+        )
         offset = 0
         for i in bucket:
             spec, param = specs[i], parameters[specs[i].name]

@@ -34,7 +34,8 @@ import torch
 from grpo_ray.transport.broadcast import BroadcastGroup, bucket_layout, host_identity
 from grpo_ray.types import WeightSpec
 
-SHM_DIR = "/dev/shm"  # where a CPU ring's files go; GRPO_RAY_SHM_DIR names another tmpfs (a container's /dev/shm may be 64 MB)
+# Where a CPU ring's files go; GRPO_RAY_SHM_DIR names another tmpfs (a container's /dev/shm may be 64 MB).
+SHM_DIR = "/dev/shm"
 _CHECK_BYTES = 4096  # a pattern at each slot's start proves the receiver maps the sender's memory
 
 
@@ -54,7 +55,9 @@ class RingHandle:
     kind: str  # "shm" (a file under /dev/shm per slot) | "cuda" (a CUDA IPC handle per slot)
     slot_bytes: int
     handles: tuple[str, str]  # shm: the two files; cuda: each slot's reduce_tensor arguments, pickled, base64
-    device: str  # cuda: the sender's GPU (device_identity), which a receiver opens on its own index of it; shm: its host
+    device: (
+        str  # cuda: the sender's GPU (device_identity), which a receiver opens on its own index of it; shm: its host
+    )
     seed: int  # of the check pattern
 
     @classmethod
@@ -129,8 +132,10 @@ def _shm_slots(slot_bytes: int) -> tuple[list[torch.Tensor], tuple[str, str]]:
         raise HandoffRefused(f"{folder} is not a directory (GRPO_RAY_SHM_DIR names the shared-memory folder)")
     free = shutil.disk_usage(folder).free
     if free < 2 * slot_bytes:
-        raise HandoffRefused(f"{folder} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
-                             f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)")
+        raise HandoffRefused(
+            f"{folder} has {free / 2**20:.0f} MiB free, the hand-off ring needs "
+            f"{2 * slot_bytes / 2**20:.0f} MiB (weight_sync.bucket_mb x 2)"
+        )
     paths = tuple(os.path.join(folder, f"grpo_ray-weights-{uuid.uuid4().hex}-{i}") for i in range(2))
     return [_map_shm(path, slot_bytes, create=True) for path in paths], paths
 
@@ -146,7 +151,9 @@ def _map_shm(path: str, num_bytes: int, create: bool = False) -> torch.Tensor:
                 os.posix_fallocate(fd, 0, num_bytes)
             except OSError as err:
                 os.unlink(path)
-                raise HandoffRefused(f"cannot reserve {num_bytes / 2**20:.0f} MiB in {os.path.dirname(path)}: {err.strerror}") from None
+                raise HandoffRefused(
+                    f"cannot reserve {num_bytes / 2**20:.0f} MiB in {os.path.dirname(path)}: {err.strerror}"
+                ) from None
         mapped = mmap.mmap(fd, num_bytes)
     finally:
         os.close(fd)
@@ -181,7 +188,9 @@ def open_ring(handle: RingHandle, identity: str) -> list[torch.Tensor]:
     except HandoffRefused:
         raise
     except Exception as err:  # noqa: BLE001 - any refusal (missing file, IPC denied) means: broadcast instead
-        raise HandoffRefused(f"cannot map the ring ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        raise HandoffRefused(
+            f"cannot map the ring ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        ) from None
     expected = check_pattern(handle.seed, min(_CHECK_BYTES, handle.slot_bytes))
     for slot in slots:
         if not torch.equal(slot[: expected.numel()].cpu(), expected):
@@ -248,15 +257,17 @@ class HandoffReceiver:
         self.slots, self.signals = slots, signals
         self.device = slots[0].device
 
-    def arriving(self, specs: list[WeightSpec], buckets: list[list[int]], fresh: bool = False
-                 ) -> Iterator[tuple[int, torch.Tensor]]:
+    def arriving(
+        self, specs: list[WeightSpec], buckets: list[list[int]], fresh: bool = False
+    ) -> Iterator[tuple[int, torch.Tensor]]:
         """Yield (index, flat) of each bucket as the sender posts it: a view of its slot, valid until
         the bucket after the next is asked for (as the broadcast's scratch buffers), or with `fresh`
         a copy of its own. Run it to the end: its last steps tell the sender the ring is free."""
         return self.arriving_shapes([bucket_layout(specs, bucket) for bucket in buckets], fresh)
 
-    def arriving_shapes(self, shapes: list[tuple[torch.dtype, int]], fresh: bool = False
-                        ) -> Iterator[tuple[int, torch.Tensor]]:
+    def arriving_shapes(
+        self, shapes: list[tuple[torch.dtype, int]], fresh: bool = False
+    ) -> Iterator[tuple[int, torch.Tensor]]:
         """arriving(), for buckets given as (dtype, numel)."""
         posted = torch.zeros(1, dtype=torch.int64)
         for index, (dtype, numel) in enumerate(shapes):

@@ -60,15 +60,21 @@ class ProbeReading:
 
     def explain(self, who: str, baseline_version: int) -> str:
         """One line: what was measured and what it means (a verdict that is not "loaded")."""
-        figures = (f"its probe log-probs are {self.to_sent:.2e} from the learner's and {self.to_baseline:.2e} from "
-                   f"those of version {baseline_version} (mean over the completion tokens), and the updates since "
-                   f"version {baseline_version} moved the learner's {self.moved:.2e}")
+        figures = (
+            f"its probe log-probs are {self.to_sent:.2e} from the learner's and {self.to_baseline:.2e} from "
+            f"those of version {baseline_version} (mean over the completion tokens), and the updates since "
+            f"version {baseline_version} moved the learner's {self.moved:.2e}"
+        )
         if self.verdict == "undecided":
-            return (f"{who}: the weight probe cannot tell yet whether its engine loaded the sent weights: {figures}, "
-                    f"within {SEPARATION:g}x the engine-learner kernel gap {self.noise:.2e}; the digests prove the bytes "
-                    "arrived, and the probe decides once the updates add up (sync/probe_undecided counts these)")
-        return (f"{who}: its engine did not load the sent weights: {figures}, more than {SEPARATION:g}x the "
-                f"engine-learner kernel gap {self.noise:.2e}; the digests matched, so the bytes arrived and were not loaded")
+            return (
+                f"{who}: the weight probe cannot tell yet whether its engine loaded the sent weights: {figures}, "
+                f"within {SEPARATION:g}x the engine-learner kernel gap {self.noise:.2e}; the digests prove the bytes "
+                "arrived, and the probe decides once the updates add up (sync/probe_undecided counts these)"
+            )
+        return (
+            f"{who}: its engine did not load the sent weights: {figures}, more than {SEPARATION:g}x the "
+            f"engine-learner kernel gap {self.noise:.2e}; the digests matched, so the bytes arrived and were not loaded"
+        )
 
     def next_baseline(self, baseline: ProbeBaseline, version: int, learner: np.ndarray) -> ProbeBaseline:
         """The baseline the next probe of this engine compares with: now, once shown to hold it."""
@@ -88,8 +94,9 @@ def start_baseline(engine: np.ndarray, learner: np.ndarray, mask: np.ndarray, ve
     return ProbeBaseline(version, learner, mean_gap(engine, learner, mask))
 
 
-def read_probe(engine: np.ndarray, learner: np.ndarray, baseline: ProbeBaseline, mask: np.ndarray,
-               tolerance: float) -> ProbeReading:
+def read_probe(
+    engine: np.ndarray, learner: np.ndarray, baseline: ProbeBaseline, mask: np.ndarray, tolerance: float
+) -> ProbeReading:
     """engine, learner (now), mask: [N, T] log-probs and the completion-token mask of the probe;
     tolerance: the smallest kernel gap allowed for (weight_sync.probe_tolerance)."""
     to_sent = mean_gap(engine, learner, mask)

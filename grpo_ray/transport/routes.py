@@ -15,8 +15,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from grpo_ray.transport import broadcast
-from grpo_ray.transport.broadcast import (BroadcastGroup, ReceiveTally, bucket_checksum, bucket_layout, bucket_tensors,
-                                         send_buckets)
+from grpo_ray.transport.broadcast import (
+    BroadcastGroup,
+    ReceiveTally,
+    bucket_checksum,
+    bucket_layout,
+    bucket_tensors,
+    send_buckets,
+)
 from grpo_ray.transport.handoff import HandoffReceiver, HandoffRing, HandoffSender, RingHandle, open_ring
 from grpo_ray.types import WeightSpec
 
@@ -53,8 +59,9 @@ def join_seat(seat: Seat, identity: str) -> BucketSource:
     if seat.ring is None:
         return BroadcastGroup.join(seat.host, seat.port, seat.rank, seat.world_size, seat.backend, seat.timeout_s)
     slots = open_ring(seat.ring, identity)
-    return HandoffReceiver(slots, BroadcastGroup.join(seat.host, seat.port, seat.rank, seat.world_size, "gloo",
-                                                      seat.timeout_s))
+    return HandoffReceiver(
+        slots, BroadcastGroup.join(seat.host, seat.port, seat.rank, seat.world_size, "gloo", seat.timeout_s)
+    )
 
 
 @dataclass
@@ -72,8 +79,9 @@ class SendRoutes:
             routes.broadcast = join_seat(broadcast_seat, "")
         if handoff_seat is not None:
             assert ring is not None, "a hand-off seat needs the ring its receivers opened"
-            signals = BroadcastGroup.join(handoff_seat.host, handoff_seat.port, 0, handoff_seat.world_size, "gloo",
-                                          handoff_seat.timeout_s)
+            signals = BroadcastGroup.join(
+                handoff_seat.host, handoff_seat.port, 0, handoff_seat.world_size, "gloo", handoff_seat.timeout_s
+            )
             ring.unlink()  # every receiver has mapped it (join_seat): nothing to leave behind if we are killed
             routes.handoff = HandoffSender(ring, signals)
         return routes
@@ -104,8 +112,9 @@ def timed_receive(source: BucketSource, num_bytes: int) -> float | None:
     return broadcast.timed_raw_broadcast(source, num_bytes) if isinstance(source, BroadcastGroup) else None
 
 
-def send_routed(routes: SendRoutes, tensors: Iterable[torch.Tensor], specs: list[WeightSpec],
-                buckets: list[list[int]]) -> tuple[int, int]:
+def send_routed(
+    routes: SendRoutes, tensors: Iterable[torch.Tensor], specs: list[WeightSpec], buckets: list[list[int]]
+) -> tuple[int, int]:
     """Send tensors (bucket by bucket, in each bucket's order) every way; (checksum, bytes sent).
 
     Without hand-off receivers, the broadcast's own sender (broadcast.send_buckets). With them,
@@ -148,16 +157,18 @@ def _broadcast_from(group: BroadcastGroup | None, flat: torch.Tensor, index: int
     return group.broadcast_async(flat)
 
 
-def arriving(source: BucketSource, specs: list[WeightSpec], buckets: list[list[int]], fresh: bool = False
-             ) -> Iterator[tuple[int, torch.Tensor]]:
+def arriving(
+    source: BucketSource, specs: list[WeightSpec], buckets: list[list[int]], fresh: bool = False
+) -> Iterator[tuple[int, torch.Tensor]]:
     """(index, flat) of each bucket as it arrives, either way (broadcast.arriving_buckets' contract)."""
     if isinstance(source, HandoffReceiver):
         return source.arriving(specs, buckets, fresh)
     return broadcast.arriving_buckets(source, specs, buckets, fresh)
 
 
-def receive_buckets(source: BucketSource, specs: list[WeightSpec], buckets: list[list[int]], tally: ReceiveTally
-                    ) -> Iterator[tuple[str, torch.Tensor]]:
+def receive_buckets(
+    source: BucketSource, specs: list[WeightSpec], buckets: list[list[int]], tally: ReceiveTally
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) as buckets arrive, for an engine that loads weights itself; the consumer
     copies each (broadcast.receive_buckets' contract)."""
     for index, flat in arriving(source, specs, buckets):

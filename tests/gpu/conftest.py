@@ -8,4 +8,8 @@ import sys
 def pytest_runtest_logreport(report):
     if report.failed:
         printed = report.capstdout[-3000:] if report.capstdout else ""
-        print(f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n{printed}---", file=sys.stderr, flush=True)
+        print(
+            f"\n--- {report.nodeid} ({report.when}) failed:\n{report.longreprtext}\n{printed}---",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -38,12 +38,19 @@ def _batch(vocab: int) -> RolloutSlice:
     completion = np.zeros((ROWS, width), np.float32)
     completion[:, PROMPT:] = attention[:, PROMPT:]
     return RolloutSlice(
-        group_ids=np.arange(ROWS) // 4, prompt_uids=np.arange(ROWS) // 4,
+        group_ids=np.arange(ROWS) // 4,
+        prompt_uids=np.arange(ROWS) // 4,
         input_ids=rng.integers(1, vocab, (ROWS, width)).astype(np.int64) * attention,
-        attention_mask=attention, completion_mask=completion,
+        attention_mask=attention,
+        completion_mask=completion,
         rollout_logprobs=(-rng.random((ROWS, width)) * completion).astype(np.float32),
-        prompts=[""] * ROWS, completions=[""] * ROWS, answers=[""] * ROWS, finish_reasons=["stop"] * ROWS,
-        row_fields={}, policy_versions=np.zeros(ROWS, np.int64), group_diversity=np.full(ROWS, np.nan),
+        prompts=[""] * ROWS,
+        completions=[""] * ROWS,
+        answers=[""] * ROWS,
+        finish_reasons=["stop"] * ROWS,
+        row_fields={},
+        policy_versions=np.zeros(ROWS, np.int64),
+        group_diversity=np.full(ROWS, np.nan),
     )
 
 
@@ -54,15 +61,28 @@ def _cpu_step(model_dir, batch, advantages, lr):
     logprobs, entropy = sequence_logprobs(model, ids, mask, 1.0, with_entropy=True)
     old = logprobs.detach()
     completion = torch.from_numpy(batch.completion_mask)
-    weights = behaviour_is_weights(old, torch.from_numpy(batch.rollout_logprobs), torch.zeros(ROWS, dtype=torch.bool), 2.0, None)
+    weights = behaviour_is_weights(
+        old, torch.from_numpy(batch.rollout_logprobs), torch.zeros(ROWS, dtype=torch.bool), 2.0, None
+    )
     out = grpo_loss(
-        logprobs=logprobs, old_logprobs=old, advantages=torch.from_numpy(advantages), mask=completion,
-        clip_low=0.2, clip_high=0.28, entropy=entropy, is_weights=weights, aggregation="token-mean",
-        global_tokens=float(completion.sum()), global_sequences=float(ROWS), norm_length=float(COMPLETION),
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=torch.from_numpy(advantages),
+        mask=completion,
+        clip_low=0.2,
+        clip_high=0.28,
+        entropy=entropy,
+        is_weights=weights,
+        aggregation="token-mean",
+        global_tokens=float(completion.sum()),
+        global_sequences=float(ROWS),
+        norm_length=float(COMPLETION),
     )
     out.loss.backward()
     torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.0).step()
-    return out.metrics["loss/total"], {name: p.detach().numpy() for name, p in model.named_parameters(remove_duplicate=False)}
+    return out.metrics["loss/total"], {
+        name: p.detach().numpy() for name, p in model.named_parameters(remove_duplicate=False)
+    }
 
 
 def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
@@ -70,9 +90,23 @@ def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
     from grpo_ray.transport.broadcast import free_port
 
     settings = LearnerSettings(
-        model_path=tiny_model_dir, tokenizer_path=tiny_model_dir, dtype="float32", seed=0, zero_stage=0,
-        micro_batch_size=ROWS, grad_accum_steps=1, lr=LR, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1e9,
-        torch_threads=1, clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
+        model_path=tiny_model_dir,
+        tokenizer_path=tiny_model_dir,
+        dtype="float32",
+        seed=0,
+        zero_stage=0,
+        micro_batch_size=ROWS,
+        grad_accum_steps=1,
+        lr=LR,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1e9,
+        torch_threads=1,
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        entropy_coef=0.0,
         loss_aggregation="token-mean",
     )
     learner = LearnerWorker(settings, rank=0, world_size=1)
@@ -81,8 +115,12 @@ def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
     batch = _batch(learner.module.config.vocab_size)
     advantages = np.linspace(-1, 1, ROWS).astype(np.float32)
     shard = LearnerShard(
-        step=1, advantages=[advantages], row_weights=[np.ones(ROWS, np.float32)],
-        global_tokens=float(batch.completion_mask.sum()), global_sequences=ROWS, temperature=1.0,
+        step=1,
+        advantages=[advantages],
+        row_weights=[np.ones(ROWS, np.float32)],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=ROWS,
+        temperature=1.0,
         norm_length=float(COMPLETION),
     )
     stats = learner.train_step(shard, batch)
@@ -99,7 +137,9 @@ def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
     # The updated weights come back to the host, and score() agrees with a CPU model holding them.
     cpu_model = load_causal_lm(tiny_model_dir, "float32")
     load_named_weights(cpu_model, ((name, torch.from_numpy(value)) for name, value in after.items()))
-    expected, _ = sequence_logprobs(cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
+    expected, _ = sequence_logprobs(
+        cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask)
+    )
     scored = learner.score(batch.input_ids, batch.attention_mask)
     assert isinstance(scored, np.ndarray)
     np.testing.assert_allclose(scored, expected.detach().numpy(), atol=1e-4)
@@ -113,7 +153,9 @@ def test_reference_logprobs_on_cuda_match_the_cpu(tiny_model_dir):
     batch = _batch(reference.model.config.vocab_size)
     got = reference.logprobs(batch, temperature=0.8)
     cpu_model = load_causal_lm(tiny_model_dir, "float32")
-    expected, _ = sequence_logprobs(cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask), 0.8)
+    expected, _ = sequence_logprobs(
+        cpu_model, torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask), 0.8
+    )
     np.testing.assert_allclose(got, expected.detach().numpy() * batch.completion_mask, atol=1e-4)
 
 
@@ -123,7 +165,9 @@ def test_hf_engine_generates_on_cuda(tiny_model_dir):
 
     engine = HFEngine(tiny_model_dir, load_tokenizer(tiny_model_dir))
     assert engine.device.type == "cuda"
-    groups = engine.generate([(5, 6, 7), (8, 9)], SamplingSettings(samples_per_prompt=3, max_new_tokens=4, temperature=1.0))
+    groups = engine.generate(
+        [(5, 6, 7), (8, 9)], SamplingSettings(samples_per_prompt=3, max_new_tokens=4, temperature=1.0)
+    )
     assert [len(group) for group in groups] == [3, 3]
     assert all(len(c.token_ids) == len(c.logprobs) >= 1 for group in groups for c in group)
 
@@ -138,7 +182,13 @@ def test_device_identity_names_the_gpu_and_two_ranks_on_it_fall_back_to_gloo():
 
 
 def _gpu_receiver(port, specs, buckets, queue):
-    from grpo_ray.transport.broadcast import BroadcastGroup, ReceiveTally, choose_backend, device_identity, receive_buckets
+    from grpo_ray.transport.broadcast import (
+        BroadcastGroup,
+        ReceiveTally,
+        choose_backend,
+        device_identity,
+        receive_buckets,
+    )
 
     backend, _ = choose_backend([queue.get(timeout=60), device_identity()])
     group = BroadcastGroup.join("127.0.0.1", port, 1, 2, backend, 60)
@@ -153,7 +203,14 @@ def test_two_processes_on_one_gpu_sync_weights_through_gloo():
     """A learner and a rollout worker sharing the one GPU: NCCL would refuse the pair."""
     import multiprocessing as mp
 
-    from grpo_ray.transport.broadcast import BroadcastGroup, choose_backend, device_identity, free_port, plan_buckets, send_buckets
+    from grpo_ray.transport.broadcast import (
+        BroadcastGroup,
+        choose_backend,
+        device_identity,
+        free_port,
+        plan_buckets,
+        send_buckets,
+    )
     from grpo_ray.types import WeightSpec
 
     torch.manual_seed(0)

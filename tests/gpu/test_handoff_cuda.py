@@ -24,7 +24,9 @@ CUDA = torch.device("cuda", 0)
 @pytest.mark.parametrize("slow", [False, True])
 def test_cuda_ipc_handoff_delivers_every_bucket_with_the_senders_digest(slow):
     tensors, specs, buckets = _weights()
-    checksum, sent, [(received, their_checksum, their_bytes)] = _run(tensors, specs, buckets, 1, 0, slow=slow, device=CUDA)
+    checksum, sent, [(received, their_checksum, their_bytes)] = _run(
+        tensors, specs, buckets, 1, 0, slow=slow, device=CUDA
+    )
     assert (their_checksum, their_bytes) == (checksum, sent)
     for i, tensor in enumerate(tensors):
         torch.testing.assert_close(received[f"w{i}"], tensor, rtol=0, atol=0)
@@ -35,7 +37,9 @@ def test_cuda_ipc_handoff_into_gpu_storage_and_a_mixed_gloo_receiver():
     checksum, _, [(storage, their_checksum, _)] = _run(tensors, specs, buckets, 1, 0, target=_receive_into, device=CUDA)
     assert their_checksum == checksum
     for index, bucket in enumerate(buckets):
-        torch.testing.assert_close(storage[f"bucket{index}"], torch.cat([tensors[i].reshape(-1) for i in bucket]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            storage[f"bucket{index}"], torch.cat([tensors[i].reshape(-1) for i in bucket]), rtol=0, atol=0
+        )
     # A receiver elsewhere takes gloo's broadcast of the same CUDA slot (copied to the host).
     checksum, sent, reports = _run(tensors, specs, buckets, 1, 1, device=CUDA)
     assert all((r[1], r[2]) == (checksum, sent) for r in reports)
@@ -55,8 +59,11 @@ def test_where_cuda_ipc_is_refused_a_gpu_sender_hands_off_through_pinned_host_me
     ring = HandoffRing.create(1 << 20, CUDA, device_identity(), host=True)
     assert ring.handle.kind == "shm" and ring.pinned and ring.slots[0].device.type == "cpu"
     ring.close()
-    checksum, _, [(storage, their_checksum, _)] = _run(tensors, specs, buckets, 1, 0, target=_receive_into,
-                                                        device=CUDA, host_ring=True)
+    checksum, _, [(storage, their_checksum, _)] = _run(
+        tensors, specs, buckets, 1, 0, target=_receive_into, device=CUDA, host_ring=True
+    )
     assert their_checksum == checksum
     for index, bucket in enumerate(buckets):
-        torch.testing.assert_close(storage[f"bucket{index}"], torch.cat([tensors[i].reshape(-1) for i in bucket]), rtol=0, atol=0)
+        torch.testing.assert_close(
+            storage[f"bucket{index}"], torch.cat([tensors[i].reshape(-1) for i in bucket]), rtol=0, atol=0
+        )

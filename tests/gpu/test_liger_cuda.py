@@ -25,8 +25,15 @@ def _qwen2_vocab_model(dtype):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=QWEN2_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=QWEN2_VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(config).to(dtype).cuda()
 
 
@@ -44,8 +51,9 @@ def test_liger_equals_torch_on_the_gpu(dtype, tol, packing):
     ids, mask, completion = (t.cuda() for t in _rows([40, 300, 90, 64, 200, 33], prompt=16, vocab=QWEN2_VOCAB))
     results = {}
     for kernel in ("torch", "liger"):
-        logprobs, _ = micro_batch_logprobs(model, ids, mask, completion, 0.9, packing=packing, share_prompts=False,
-                                           chunk_tokens=512, kernel=kernel)
+        logprobs, _ = micro_batch_logprobs(
+            model, ids, mask, completion, 0.9, packing=packing, share_prompts=False, chunk_tokens=512, kernel=kernel
+        )
         (logprobs * completion).sum().backward()
         results[kernel] = (logprobs * completion, [p.grad.float().clone() for p in model.parameters()])
         model.zero_grad()

@@ -28,8 +28,13 @@ pytestmark = [
 @pytest.mark.parametrize("zero_stage", [0, 2])
 def test_a_bf16_lora_learner_keeps_its_base_frozen_and_its_adapters_in_the_compute_dtype(zero_stage):
     # Each learner in a process of its own: DeepSpeed keeps one process group a process.
-    done = subprocess.run([sys.executable, "-m", "tests.gpu.test_lora_cuda", str(zero_stage)], capture_output=True,
-                          text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.gpu.test_lora_cuda", str(zero_stage)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "lora checks passed" in done.stdout
 
@@ -40,10 +45,27 @@ def _check(zero_stage: int) -> None:
 
     model_dir = str(ensure_tiny_artifacts().model_dir)
     settings = LearnerSettings(
-        model_path=model_dir, tokenizer_path=model_dir, dtype="bfloat16", seed=0, zero_stage=zero_stage,
-        micro_batch_size=ROWS, grad_accum_steps=1, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1.0,
-        torch_threads=1, clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-        loss_aggregation="token-mean", lora_enabled=True, lora_rank=16, lora_alpha=32.0,
+        model_path=model_dir,
+        tokenizer_path=model_dir,
+        dtype="bfloat16",
+        seed=0,
+        zero_stage=zero_stage,
+        micro_batch_size=ROWS,
+        grad_accum_steps=1,
+        lr=1e-3,
+        weight_decay=0.0,
+        betas=(0.9, 0.999),
+        grad_clip=1.0,
+        torch_threads=1,
+        clip_low=0.2,
+        clip_high=0.28,
+        kl_coef=0.0,
+        kl_estimator="k3",
+        entropy_coef=0.0,
+        loss_aggregation="token-mean",
+        lora_enabled=True,
+        lora_rank=16,
+        lora_alpha=32.0,
         lora_target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
     )
     learner = LearnerWorker(settings, rank=0, world_size=1)
@@ -58,9 +80,15 @@ def _check(zero_stage: int) -> None:
 
     batch = _batch(learner.module.config.vocab_size)
     advantages = np.linspace(-1, 1, ROWS).astype(np.float32)
-    shard = LearnerShard(step=1, advantages=[advantages], row_weights=[np.ones(ROWS, np.float32)],
-                         global_tokens=float(batch.completion_mask.sum()), global_sequences=ROWS, temperature=1.0,
-                         norm_length=float(COMPLETION))
+    shard = LearnerShard(
+        step=1,
+        advantages=[advantages],
+        row_weights=[np.ones(ROWS, np.float32)],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=ROWS,
+        temperature=1.0,
+        norm_length=float(COMPLETION),
+    )
     learner.train_step(shard, batch)
     named = dict(learner.module.named_parameters())
     assert all(torch.equal(named[name], before) for name, before in base_before.items()), "a base weight moved"

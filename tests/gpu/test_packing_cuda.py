@@ -43,7 +43,8 @@ def test_packed_equals_padded_on_the_gpu(attention, dtype):
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     packed, packed_entropy = packed_completion_logprobs(
-        model, ids, mask, completion, 0.8, with_entropy=True, chunk_tokens=16)
+        model, ids, mask, completion, 0.8, with_entropy=True, chunk_tokens=16
+    )
     (packed * completion).sum().backward()
     # float32: the CPU test's tolerances; bfloat16: the activations round at ~3 digits either way.
     tol = 1e-5 if dtype == "float32" else 3e-2

@@ -23,8 +23,11 @@ def test_a_cuda_learner_frees_its_moments_between_updates_and_trains_as_one_that
     moments = 8 * on["trainable_parameters"]
     freed = [m["update/offloaded_gib"] * 2**30 for m in on["metrics"]]
     kept = off["cuda_allocated_after_step"] - on["cuda_allocated_after_step"]
-    print(f"moments {moments / 2**20:.2f} MiB; offload freed {[f'{f / 2**20:.2f}' for f in freed]} MiB a step; "
-          f"after the last step {kept / 2**20:.2f} MiB less than the learner that keeps them", flush=True)
+    print(
+        f"moments {moments / 2**20:.2f} MiB; offload freed {[f'{f / 2**20:.2f}' for f in freed]} MiB a step; "
+        f"after the last step {kept / 2**20:.2f} MiB less than the learner that keeps them",
+        flush=True,
+    )
     assert all(f >= moments for f in freed), "an offload freed less than Adam's moments"
     assert kept >= moments
     # GPU kernels may sum in another order from one process to the next (atomics): close, not equal.

@@ -34,8 +34,14 @@ def gpu_ray():
 
     from grpo_ray.cluster.session import actor_env
 
-    ray.init(address="local", num_cpus=8, num_gpus=1, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": actor_env()})
+    ray.init(
+        address="local",
+        num_cpus=8,
+        num_gpus=1,
+        include_dashboard=False,
+        logging_level="WARNING",
+        runtime_env={"env_vars": actor_env()},
+    )
     try:
         yield ray
     finally:
@@ -56,17 +62,26 @@ def _row_by_row(rollout, batch) -> np.ndarray:
     import ray
 
     # One after another: calls the actor ran side by side would meet in one of the engine's batches.
-    return np.concatenate([ray.get(rollout.score.remote(batch.input_ids[i:i + 1], batch.attention_mask[i:i + 1], 1.0))
-                           for i in range(batch.num_rows)])
+    return np.concatenate(
+        [
+            ray.get(rollout.score.remote(batch.input_ids[i : i + 1], batch.attention_mask[i : i + 1], 1.0))
+            for i in range(batch.num_rows)
+        ]
+    )
 
 
 @pytest.mark.parametrize("level", [1, 2])
 def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after_the_sync(gpu_ray, step_batch, level):  # noqa: F811
     ray = gpu_ray
     batch, _, advantages, probe = step_batch
-    cfg = make_cfg(rollout={"backend": "vllm", "num_gpus": 0.5,
-                            "vllm": {"sleep_level": level, "gpu_memory_utilization": UTILIZATION}},
-                   learner={"num_gpus": 0.3})
+    cfg = make_cfg(
+        rollout={
+            "backend": "vllm",
+            "num_gpus": 0.5,
+            "vllm": {"sleep_level": level, "gpu_memory_utilization": UTILIZATION},
+        },
+        learner={"num_gpus": 0.3},
+    )
     learner_res, rollout_res = RoleResources("learner", 1, 0.5, 0.3), RoleResources("rollout", 1, 0.5, 0.5)
     placement = reserve([learner_res, rollout_res], 120)
     learners = start_learners(cfg, plan_batches(cfg), placement, learner_res)
@@ -93,8 +108,11 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
         # The engine's KV cache and weights are most of its fraction of the GPU.
         claimed = UTILIZATION * torch.cuda.mem_get_info()[1]
         # Each stage's figures, printed as it passes: a failure shows how far it got (conftest prints them).
-        print(f"level {level}: awake free {before / 2**30:.2f} GiB; sleep freed {freed / 2**30:.2f} GiB of the "
-              f"{claimed / 2**30:.2f} GiB fraction", flush=True)
+        print(
+            f"level {level}: awake free {before / 2**30:.2f} GiB; sleep freed {freed / 2**30:.2f} GiB of the "
+            f"{claimed / 2**30:.2f} GiB fraction",
+            flush=True,
+        )
         assert freed >= 0.8 * claimed, f"sleep level {level} freed {freed / 2**30:.2f} GiB of {claimed / 2**30:.2f}"
         if level == 1:  # the weights waited in host memory: the same log-probs after waking
             ray.get(rollouts[0].wake.remote(["weights", "kv_cache"]))
@@ -105,9 +123,11 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
 
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         result = sync.sync(version=1, probe=probe, probe_tolerance=1e-3)  # wakes weights, loads, wakes the cache
-        print(f"sync: wake {result.wake_seconds:.3f} s, probe gap {result.probe_max_abs_diff} (start-up kernel gap "
-              f"{sync.start_gaps}, the update moved it {result.probe.moved:.2e}), free after {_free() / 2**30:.2f} GiB",
-              flush=True)
+        print(
+            f"sync: wake {result.wake_seconds:.3f} s, probe gap {result.probe_max_abs_diff} (start-up kernel gap "
+            f"{sync.start_gaps}, the update moved it {result.probe.moved:.2e}), free after {_free() / 2**30:.2f} GiB",
+            flush=True,
+        )
         assert result.wake_seconds > 0 and result.probe_max_abs_diff is not None
         # One update at lr 1e-3 moves the probe far past the kernels' noise: the probe decided, and
         # "not loaded" would have raised.

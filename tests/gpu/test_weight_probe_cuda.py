@@ -23,14 +23,21 @@ pytestmark = [
 
 
 def test_the_probe_at_its_defaults_in_bf16_on_a_gpu_catches_a_stale_engine_and_no_healthy_one(gpu_ray, step_batch):  # noqa: F811
-    cfg = drill_cfg("bfloat16", 1e-3, rollout={"backend": "vllm", "num_gpus": 0.5, "vllm": {"gpu_memory_utilization": 0.3}},
-                    learner={"num_gpus": 0.3})
+    cfg = drill_cfg(
+        "bfloat16",
+        1e-3,
+        rollout={"backend": "vllm", "num_gpus": 0.5, "vllm": {"gpu_memory_utilization": 0.3}},
+        learner={"num_gpus": 0.3},
+    )
     placement, learners, rollouts = start_pair(cfg, learner_gpus=0.3, rollout_gpus=0.5)
     try:
         figures = drill(gpu_ray, learners, rollouts, step_batch, tolerance=1e-3)
-        print(f"GPU bf16: start gap {figures['gap']:.2e}; decided among the small updates: "
-              f"{sum(not p.undecided for p in figures['small'])} of {len(figures['small'])}; the drill under small "
-              f"updates caught at step {figures['caught']}", flush=True)
+        print(
+            f"GPU bf16: start gap {figures['gap']:.2e}; decided among the small updates: "
+            f"{sum(not p.undecided for p in figures['small'])} of {len(figures['small'])}; the drill under small "
+            f"updates caught at step {figures['caught']}",
+            flush=True,
+        )
     finally:
         for actor in learners + rollouts:
             gpu_ray.kill(actor)

@@ -25,8 +25,13 @@ def ray_started(**env: str):
 
     from grpo_ray.cluster.session import actor_env
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {**actor_env(), **env}})
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level="WARNING",
+        runtime_env={"env_vars": {**actor_env(), **env}},
+    )
     try:
         yield ray
     finally:
@@ -44,8 +49,11 @@ def ray_processes() -> list[str]:
     # A zombie (state Z, "<defunct>") is a process that has already died and waits to be reaped by
     # its parent (init, for daemons that `ray stop` killed): it holds nothing.
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
-    return [line.split(None, 1)[1] for line in out.splitlines()
-            if ("raylet" in line or "gcs_server" in line) and "grep" not in line and not line.lstrip().startswith("Z")]
+    return [
+        line.split(None, 1)[1]
+        for line in out.splitlines()
+        if ("raylet" in line or "gcs_server" in line) and "grep" not in line and not line.lstrip().startswith("Z")
+    ]
 
 
 def free_ports(count: int) -> list[int]:
@@ -62,9 +70,14 @@ def own_ports(metrics: int | None = None) -> list[str]:
     """Ports a node's agents take: fixed defaults would clash between two nodes on one machine."""
     agent, agent_grpc, runtime_env, free_metrics = free_ports(4)
     metrics = metrics or free_metrics
-    return ["--num-cpus=2", "--disable-usage-stats", f"--dashboard-agent-listen-port={agent}",
-            f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}",
-            f"--metrics-export-port={metrics}"]
+    return [
+        "--num-cpus=2",
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={agent}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--metrics-export-port={metrics}",
+    ]
 
 
 @contextlib.contextmanager
@@ -82,14 +95,27 @@ def ray_head(metrics_port: int | None = None, loopback_only: bool = False):
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     try:
         started = subprocess.run(
-            [str(Path(sys.executable).with_name("ray")), "start", "--head", "--node-ip-address=127.0.0.1",
-             f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}", *own_ports(metrics_port)],
-            capture_output=True, text=True, env=env, timeout=120,
+            [
+                str(Path(sys.executable).with_name("ray")),
+                "start",
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={temp_dir}",
+                *own_ports(metrics_port),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
         )
         assert started.returncode == 0, f"ray start failed: {started.stdout[-1500:]}{started.stderr[-1500:]}"
         yield f"127.0.0.1:{port}", temp_dir
     finally:
-        stop_tree([p for p in psutil.process_iter(["cmdline"]) if any(temp_dir in part for part in p.info["cmdline"] or ())])
+        stop_tree(
+            [p for p in psutil.process_iter(["cmdline"]) if any(temp_dir in part for part in p.info["cmdline"] or ())]
+        )
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

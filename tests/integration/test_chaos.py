@@ -27,8 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 # 35 steps: every kill has landed by step ~20 (the last in step 18 of a 50-step run, measured on the
 # loaded 2-core machine). The killer's waits are wall seconds, mostly spent while a recovery holds
 # the run, so a slower machine lands them in earlier steps, not later ones.
-SETTINGS = ["train.steps=35", "train.eval_every=10", "train.checkpoint_every=5", "train.checkpoint_every_minutes=0",
-            "data.eval_limit=20", "rollout.num_workers=2", "reward.num_workers=2", "ray.max_actor_restarts=20", "ray.num_cpus=4"]
+SETTINGS = [
+    "train.steps=35",
+    "train.eval_every=10",
+    "train.checkpoint_every=5",
+    "train.checkpoint_every_minutes=0",
+    "data.eval_limit=20",
+    "rollout.num_workers=2",
+    "reward.num_workers=2",
+    "ray.max_actor_restarts=20",
+    "ray.num_cpus=4",
+]
 # Phases a kill waits for, in schedule order; the roles it may hit in each.
 PHASES = ["update", "sync", "rollout", "evaluation", "reward", "checkpoint", "update", "sync", "advantages", "rollout"]
 SEED = 2026
@@ -71,8 +80,9 @@ class Killer(threading.Thread):
                 victim.send_signal(signal.SIGKILL)
             except psutil.Error:
                 continue
-            self.kills.append({"phase": current_phase(), "aimed_at": phase, "role": role, "doing": doing,
-                               "at": time.time()})
+            self.kills.append(
+                {"phase": current_phase(), "aimed_at": phase, "role": role, "doing": doing, "at": time.time()}
+            )
 
     def _wait_for(self, phase: str, timeout: float = 120.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -93,8 +103,10 @@ def test_a_run_with_workers_killed_in_every_phase_equals_the_straight_run(tmp_pa
     straight = train(load_config(ROOT / "configs" / "tiny.yaml", [f"output_dir={tmp_path / 'straight'}", *SETTINGS]))
 
     rng = random.Random(SEED)
-    schedule = [(phase, rng.choice(["RolloutWorker", "RolloutWorker", "RewardWorker"]), rng.randrange(2), rng.uniform(0, 0.01))
-                for phase in PHASES]
+    schedule = [
+        (phase, rng.choice(["RolloutWorker", "RolloutWorker", "RewardWorker"]), rng.randrange(2), rng.uniform(0, 0.01))
+        for phase in PHASES
+    ]
     killer = Killer(schedule)
     killer.start()
     started = time.monotonic()
@@ -110,13 +122,19 @@ def test_a_run_with_workers_killed_in_every_phase_equals_the_straight_run(tmp_pa
     replaced = rollout_replaced + sum(history(hurt, "faults/reward_replaced").values())
     recovery = {step: s for step, s in history(hurt, "faults/recovery_seconds").items() if s > 0}
     # A kill lands in the first step whose loss is logged after it.
-    logged = {m.step: m.timestamp / 1000 for m in MlflowClient(hurt.tracking_uri).get_metric_history(hurt.run_id, "loss/total")}
+    logged = {
+        m.step: m.timestamp / 1000
+        for m in MlflowClient(hurt.tracking_uri).get_metric_history(hurt.run_id, "loss/total")
+    }
     last_step = min((step for step, at in logged.items() if at >= kills[-1]["at"]), default=None) if kills else None
     with capsys.disabled():
-        print(f"\nchaos: {len(kills)} kills; by the driver's phase: {dict(Counter(k['phase'] for k in kills))}; "
-              f"what the victim was doing: {dict(Counter(k['doing'] for k in kills))}; "
-              f"replacements counted by the run: {replaced:g}; recovery seconds per step: "
-              f"{ {s: round(v, 1) for s, v in recovery.items()} }; the last kill in step {last_step}; run {hurt_seconds:.0f} s")
+        print(
+            f"\nchaos: {len(kills)} kills; by the driver's phase: {dict(Counter(k['phase'] for k in kills))}; "
+            f"what the victim was doing: {dict(Counter(k['doing'] for k in kills))}; "
+            f"replacements counted by the run: {replaced:g}; recovery seconds per step: "
+            f"{ {s: round(v, 1) for s, v in recovery.items()} }; the last kill in step {last_step}; run "
+            f"{hurt_seconds:.0f} s"
+        )
 
     assert len(kills) >= 8, kills
     outside_generate = [k for k in kills if k["role"] == "RolloutWorker" and not k["doing"].endswith(".generate")]

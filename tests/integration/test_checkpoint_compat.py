@@ -41,11 +41,14 @@ SETTINGS = ["train.checkpoint_every=2", "data.eval_limit=20", "learner.lr=0.001"
 
 def old_code(into: Path) -> Path:
     """grpo_ray/ and configs/ as they were at BEFORE_LAYOUT."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_LAYOUT, "grpo_ray", "configs"],
-                             capture_output=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE_LAYOUT, "grpo_ray", "configs"], capture_output=True
+    )
     if archive.returncode != 0:
-        pytest.skip(f"commit {BEFORE_LAYOUT[:7]} is not in this clone's history (a shallow clone): "
-                    + archive.stderr.decode().strip()[:200])
+        pytest.skip(
+            f"commit {BEFORE_LAYOUT[:7]} is not in this clone's history (a shallow clone): "
+            + archive.stderr.decode().strip()[:200]
+        )
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
     return into
@@ -56,7 +59,9 @@ def history(output_dir: Path, key: str) -> list[tuple[int, float]]:
     client = MlflowClient(f"sqlite:///{output_dir / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
     (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
-    return [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)]
+    return [
+        (m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.timestamp)
+    ]
 
 
 def test_a_checkpoint_written_before_the_layout_change_resumes_with_its_weights_and_optimizer(tmp_path):
@@ -67,12 +72,25 @@ def test_a_checkpoint_written_before_the_layout_change_resumes_with_its_weights_
     out = tmp_path / "run"
     sets = [arg for item in [f"output_dir={out}", *SETTINGS] for arg in ("--set", item)]
     env = dict(os.environ, PYTHONPATH=str(old), PYTHONUNBUFFERED="1")
-    before = subprocess.run([sys.executable, "-m", "grpo_ray.cli", "train", str(recipe), *sets],
-                            cwd=old, env=env, capture_output=True, text=True, timeout=600)
+    before = subprocess.run(
+        [sys.executable, "-m", "grpo_ray.cli", "train", str(recipe), *sets],
+        cwd=old,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert before.returncode == 0, before.stdout[-2000:] + before.stderr[-2000:]
-    assert str(old / "grpo_ray") in subprocess.run(
-        [sys.executable, "-c", "import grpo_ray; print(grpo_ray.__file__)"], cwd=old, env=env,
-        capture_output=True, text=True).stdout, "the old run must have run the old code"
+    assert (
+        str(old / "grpo_ray")
+        in subprocess.run(
+            [sys.executable, "-c", "import grpo_ray; print(grpo_ray.__file__)"],
+            cwd=old,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+    ), "the old run must have run the old code"
     shutil.move(out / "checkpoints" / "step_000004", tmp_path / "final-checkpoint-of-the-old-run")
     shutil.move(out / "model", tmp_path / "model-of-the-old-run")
 

@@ -30,25 +30,66 @@ RUNTIME_ENV = "runtime_env.yaml"
 # raycluster_types.go, KubeRay v1.7.0). The manifest was also validated once against that release's
 # full CRD schema (ray-operator/config/crd/bases/ray.io_rayjobs.yaml), too large to keep here.
 RAYJOB_SPEC_FIELDS = {
-    "activeDeadlineSeconds", "backoffLimit", "rayClusterSpec", "submitterPodTemplate", "metadata",
-    "clusterSelector", "submitterConfig", "managedBy", "deletionStrategy", "entrypoint",
-    "runtimeEnvYAML", "jobId", "submissionMode", "entrypointResources", "entrypointNumCpus",
-    "entrypointNumGpus", "ttlSecondsAfterFinished", "preRunningDeadlineSeconds",
-    "shutdownAfterJobFinishes", "suspend",
+    "activeDeadlineSeconds",
+    "backoffLimit",
+    "rayClusterSpec",
+    "submitterPodTemplate",
+    "metadata",
+    "clusterSelector",
+    "submitterConfig",
+    "managedBy",
+    "deletionStrategy",
+    "entrypoint",
+    "runtimeEnvYAML",
+    "jobId",
+    "submissionMode",
+    "entrypointResources",
+    "entrypointNumCpus",
+    "entrypointNumGpus",
+    "ttlSecondsAfterFinished",
+    "preRunningDeadlineSeconds",
+    "shutdownAfterJobFinishes",
+    "suspend",
 }
 RAYCLUSTER_SPEC_FIELDS = {
-    "upgradeStrategy", "authOptions", "suspend", "managedBy", "autoscalerOptions",
-    "headServiceAnnotations", "enableInTreeAutoscaling", "gcsFaultToleranceOptions",
-    "historyServerOptions", "networkPolicy", "tlsOptions", "headGroupSpec", "rayVersion",
+    "upgradeStrategy",
+    "authOptions",
+    "suspend",
+    "managedBy",
+    "autoscalerOptions",
+    "headServiceAnnotations",
+    "enableInTreeAutoscaling",
+    "gcsFaultToleranceOptions",
+    "historyServerOptions",
+    "networkPolicy",
+    "tlsOptions",
+    "headGroupSpec",
+    "rayVersion",
     "workerGroupSpecs",
 }
 HEAD_GROUP_FIELDS = {
-    "template", "headService", "enableIngress", "ingressOptions", "resources", "labels",
-    "rayStartParams", "serviceType",
+    "template",
+    "headService",
+    "enableIngress",
+    "ingressOptions",
+    "resources",
+    "labels",
+    "rayStartParams",
+    "serviceType",
 }
 WORKER_GROUP_FIELDS = {
-    "suspend", "groupName", "replicas", "minReplicas", "maxReplicas", "idleTimeoutSeconds",
-    "resources", "labels", "rayStartParams", "template", "scaleStrategy", "numOfHosts",
+    "suspend",
+    "groupName",
+    "replicas",
+    "minReplicas",
+    "maxReplicas",
+    "idleTimeoutSeconds",
+    "resources",
+    "labels",
+    "rayStartParams",
+    "template",
+    "scaleStrategy",
+    "numOfHosts",
 }
 SUBMISSION_MODES = {"K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"}
 
@@ -58,7 +99,7 @@ def _load(name: str) -> dict:
 
 
 def _ray_pin() -> str:
-    """"2.60" from pyproject's `ray[default]==2.60.*`, read from the installed package's metadata."""
+    """ "2.60" from pyproject's `ray[default]==2.60.*`, read from the installed package's metadata."""
     for requirement in metadata.requires("grpo-ray") or []:
         found = re.fullmatch(r"ray\[default\]\s*==\s*(\d+\.\d+)\.\*", requirement.split(";")[0].strip())
         if found:
@@ -172,7 +213,9 @@ def test_launcher_starts_the_nodes_polaris_needs_up_front():
     head, workers = types[head_name], [t for name, t in types.items() if name != head_name]
     assert head["resources"].get("GPU", 0) == 0
     assert sum(t["resources"].get("GPU", 0) * t.get("min_workers", 0) for t in workers) >= gpus_needed
-    cpus = head["resources"].get("CPU", 0) + sum(t["resources"].get("CPU", 0) * t.get("min_workers", 0) for t in workers)
+    cpus = head["resources"].get("CPU", 0) + sum(
+        t["resources"].get("CPU", 0) * t.get("min_workers", 0) for t in workers
+    )
     assert cpus >= cpus_needed
     assert sum(t.get("max_workers", 0) for t in workers) <= cfg["max_workers"]
 
@@ -247,7 +290,11 @@ def test_rayjob_gpus_are_exactly_what_the_recipe_plans():
     gpus = cpus = 0.0
     for group in cluster["workerGroupSpecs"]:
         # Fixed size: grpo-ray checks the resources before any actor starts, so nothing scales up.
-        assert group.get("minReplicas", group["replicas"]) == group["replicas"] == group.get("maxReplicas", group["replicas"])
+        assert (
+            group.get("minReplicas", group["replicas"])
+            == group["replicas"]
+            == group.get("maxReplicas", group["replicas"])
+        )
         limits = _ray_container(group["template"]["spec"])["resources"]["limits"]
         gpus += group["replicas"] * int(limits.get("nvidia.com/gpu", 0))
         cpus += group["replicas"] * _cpus(limits["cpu"])
@@ -315,7 +362,9 @@ def _check_job_runtime_env(env: dict) -> None:
     # `grpo-ray train` calls ray.init(runtime_env={"env_vars": actor_env()}) inside the job; Ray
     # merges that with the job's runtime_env and refuses the driver on any shared key (None here).
     driver = {"env_vars": {**ACTOR_ENV, "GRPO_RAY_CACHE": "/cache"}}
-    assert _merge_runtime_env(RuntimeEnv(**env), driver) is not None, set(env.get("env_vars", {})) & set(driver["env_vars"])
+    assert _merge_runtime_env(RuntimeEnv(**env), driver) is not None, set(env.get("env_vars", {})) & set(
+        driver["env_vars"]
+    )
 
 
 def test_runtime_env_has_only_keys_ray_accepts():

@@ -28,7 +28,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def ray_cli(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(BIN / "ray"), *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=check)
+    out = subprocess.run(
+        [str(BIN / "ray"), *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=check
+    )
     out.stdout, out.stderr = ANSI.sub("", out.stdout), ANSI.sub("", out.stderr)  # the job CLI colours its words
     return out
 
@@ -43,11 +45,30 @@ def job_status(cluster, job: str) -> str:
 def two_nodes():
     port, dashboard = free_ports(2)
     try:
-        ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--include-dashboard=true",
-                "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", '--resources={"learner_node": 1}', *own_ports())
-        ray_cli("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", '--resources={"rollout_node": 2}',
-                "--labels=pool=rollout", *own_ports())
-        yield {"gcs": f"127.0.0.1:{port}", "dashboard": f"http://127.0.0.1:{dashboard}", "nodes": node_ids(f"127.0.0.1:{port}")}
+        ray_cli(
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            '--resources={"learner_node": 1}',
+            *own_ports(),
+        )
+        ray_cli(
+            "start",
+            f"--address=127.0.0.1:{port}",
+            "--node-ip-address=127.0.0.1",
+            '--resources={"rollout_node": 2}',
+            "--labels=pool=rollout",
+            *own_ports(),
+        )
+        yield {
+            "gcs": f"127.0.0.1:{port}",
+            "dashboard": f"http://127.0.0.1:{dashboard}",
+            "nodes": node_ids(f"127.0.0.1:{port}"),
+        }
     finally:
         ray_cli("stop", "--force", check=False)
     assert not ray_processes()
@@ -55,26 +76,43 @@ def two_nodes():
 
 def node_ids(address: str) -> dict[str, str]:
     """Node id of the node holding each custom resource, read by a driver of its own."""
-    code = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-            "print(json.dumps({k: n['NodeID'] for n in ray.nodes() if n['Alive'] for k in n['Resources'] "
-            "if k in ('learner_node', 'rollout_node')}))" % address)
+    code = (
+        "import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+        "print(json.dumps({k: n['NodeID'] for n in ray.nodes() if n['Alive'] for k in n['Resources'] "
+        "if k in ('learner_node', 'rollout_node')}))" % address
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def train_on(cluster, output_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    sets = [arg for item in [f"output_dir={output_dir}", f"ray.address={cluster['gcs']}", *SHORT, *overrides]
-            for arg in ("--set", item)]
-    return subprocess.run([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets], capture_output=True,
-                          text=True, env=ENV, cwd=ROOT, timeout=400)
+    sets = [
+        arg
+        for item in [f"output_dir={output_dir}", f"ray.address={cluster['gcs']}", *SHORT, *overrides]
+        for arg in ("--set", item)
+    ]
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
+        timeout=400,
+    )
 
 
 def test_rollout_workers_and_learners_land_where_the_config_targets_them(two_nodes, tmp_path):
     # Two rollout workers instead of one is a number in the recipe: nothing else changes. The reward
     # worker shares the learner's bundle (colocated), so SPREAD cannot send it to another node.
-    out = train_on(two_nodes, tmp_path, "rollout.num_workers=2", "rollout.node_labels={pool: rollout}",
-                   "learner.resources={learner_node: 1}", "placement.colocate=[learner, reward]",
-                   "placement.strategy=SPREAD")
+    out = train_on(
+        two_nodes,
+        tmp_path,
+        "rollout.num_workers=2",
+        "rollout.node_labels={pool: rollout}",
+        "learner.resources={learner_node: 1}",
+        "placement.colocate=[learner, reward]",
+        "placement.strategy=SPREAD",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 2/2" in out.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -91,14 +129,26 @@ def test_rollout_workers_and_learners_land_where_the_config_targets_them(two_nod
 def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
     def validate(*overrides: str) -> subprocess.CompletedProcess:
         sets = [arg for item in overrides for arg in ("--set", item)]
-        return subprocess.run([sys.executable, "-m", "grpo_ray.cli", "validate", str(TINY), "--address", two_nodes["gcs"], *sets],
-                              capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "grpo_ray.cli", "validate", str(TINY), "--address", two_nodes["gcs"], *sets],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            cwd=ROOT,
+            timeout=120,
+        )
 
     fits = validate("rollout.node_labels={pool: rollout}", "learner.resources={learner_node: 1}")
     assert fits.returncode == 0, fits.stderr
-    assert re.search(r"2 nodes: CPU 4, learner_node 1, rollout_node 2", fits.stdout) and fits.stdout.rstrip().endswith("ok")
-    short = validate("rollout.num_gpus=4", "rollout.num_workers=2", "learner.resources={gpu_node: 2}",
-                     "reward.node_labels={pool: reward}")
+    assert re.search(r"2 nodes: CPU 4, learner_node 1, rollout_node 2", fits.stdout) and fits.stdout.rstrip().endswith(
+        "ok"
+    )
+    short = validate(
+        "rollout.num_gpus=4",
+        "rollout.num_workers=2",
+        "learner.resources={gpu_node: 2}",
+        "reward.node_labels={pool: reward}",
+    )
     assert short.returncode == 1
     assert short.stderr.splitlines() == [
         "missing: rollout needs 8 GPUs, the cluster has 0",
@@ -112,9 +162,23 @@ def submit(cluster, tmp_path: Path, name: str, *overrides: str, output: str | No
     workdir = tmp_path / f"{name}-job"
     workdir.mkdir()
     (workdir / "README").write_text("grpo-ray test job\n")  # what --working-dir uploads: keep it small
-    sets = [arg for item in [f"output_dir={tmp_path / (output or name)}", *SHORT, *overrides] for arg in ("--set", item)]
-    out = ray_cli("job", "submit", "--address", cluster["dashboard"], "--working-dir", str(workdir), "--no-wait", "--",
-                  str(BIN / "grpo-ray"), "train", str(TINY), *sets)
+    sets = [
+        arg for item in [f"output_dir={tmp_path / (output or name)}", *SHORT, *overrides] for arg in ("--set", item)
+    ]
+    out = ray_cli(
+        "job",
+        "submit",
+        "--address",
+        cluster["dashboard"],
+        "--working-dir",
+        str(workdir),
+        "--no-wait",
+        "--",
+        str(BIN / "grpo-ray"),
+        "train",
+        str(TINY),
+        *sets,
+    )
     return re.search(r"Job '(raysubmit_\w+)' submitted successfully", out.stdout + out.stderr).group(1)
 
 
@@ -146,7 +210,9 @@ def test_a_stopped_job_takes_every_actor_it_started_with_it(two_nodes, tmp_path)
         groups = listed(two_nodes, "placement-groups", "state=CREATED")
         if not alive and not groups:
             break
-        assert time.monotonic() < deadline, f"still alive after ray job stop: {[a['class_name'] for a in alive]}, {groups}"
+        assert time.monotonic() < deadline, (
+            f"still alive after ray job stop: {[a['class_name'] for a in alive]}, {groups}"
+        )
         time.sleep(1)
     assert job_status(two_nodes, job) == "was stopped"
 
@@ -161,8 +227,12 @@ def test_a_job_whose_driver_died_resumes_when_submitted_again(two_nodes, tmp_pat
     while not state.exists():
         assert time.monotonic() < deadline, "the job never wrote its step-2 checkpoint"
         time.sleep(0.5)
-    drivers = [p for p in psutil.process_iter(["cmdline"])
-               if "train" in (p.info["cmdline"] or []) and f"output_dir={tmp_path / 'resubmitted'}" in (p.info["cmdline"] or [])]
+    drivers = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "train" in (p.info["cmdline"] or [])
+        and f"output_dir={tmp_path / 'resubmitted'}" in (p.info["cmdline"] or [])
+    ]
     assert len(drivers) == 1, [p.info["cmdline"] for p in drivers]
     drivers[0].kill()
     deadline = time.monotonic() + 120

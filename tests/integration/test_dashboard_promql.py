@@ -38,7 +38,10 @@ def prometheus_binary() -> str:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         pytest.skip("prometheus is not installed and cannot be here (apt-get as root): apt-get install -y prometheus")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"]):
+    for command in (
+        ["apt-get", "update", "-q"],
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus"],
+    ):
         done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -70,9 +73,14 @@ def prometheus(tmp_path, metrics_head):
         f"scrape_configs: [{{job_name: ray, static_configs: [{{targets: ['127.0.0.1:{metrics_port}']}}]}}]\n"
     )
     proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"),
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "prometheus.log").open("w"),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -102,10 +110,25 @@ def query(url: str, expr: str) -> list[dict]:
 def test_every_dashboard_query_returns_the_runs_series(tmp_path, metrics_head, prometheus):
     address, _ = metrics_head
     out = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(ROOT / "configs" / "tiny.yaml"),
-         "--set", f"output_dir={tmp_path / 'run'}", "--set", "train.steps=4", "--set", "data.eval_limit=20",
-         "--set", f"ray.address={address}"],
-        capture_output=True, text=True, cwd=ROOT, timeout=400,
+        [
+            sys.executable,
+            "-m",
+            "grpo_ray.cli",
+            "train",
+            str(ROOT / "configs" / "tiny.yaml"),
+            "--set",
+            f"output_dir={tmp_path / 'run'}",
+            "--set",
+            "train.steps=4",
+            "--set",
+            "data.eval_limit=20",
+            "--set",
+            f"ray.address={address}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=400,
         # The driver too keeps 127.0.0.1 as it is: Ray would otherwise resolve it to this
         # machine's network address, where the head does not listen.
         env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1"),

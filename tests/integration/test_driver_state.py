@@ -22,8 +22,9 @@ PROMPTS = [Prompt(uid=10 + i, text=f"q{i}", token_ids=(1, 2 + i), answer=str(i))
 
 
 def builder(prompts=PROMPTS) -> BatchBuilder:
-    cfg = config_from_dict({"model": {"path": "tiny"}, "train": {"prompts_per_step": 2}, "rollout": {"samples_per_prompt": 2},
-                            "seed": 3})
+    cfg = config_from_dict(
+        {"model": {"path": "tiny"}, "train": {"prompts_per_step": 2}, "rollout": {"samples_per_prompt": 2}, "seed": 3}
+    )
     return BatchBuilder(cfg, workers=None, stream=PromptStream(prompts, seed=3))
 
 
@@ -65,7 +66,10 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
         progress.metrics = {"update/skipped": skipped}
         _count_skipped_update(progress, 3, console)
     assert progress.nonfinite_in_a_row == 2
-    assert "step 5: update skipped, the loss or a gradient was NaN or infinite (2 in a row, the run stops at 3)" in out.getvalue()
+    assert (
+        "step 5: update skipped, the loss or a gradient was NaN or infinite (2 in a row, the run stops at 3)"
+        in out.getvalue()
+    )
     progress.metrics = {"update/skipped": 1.0}
     with pytest.raises(NonFiniteUpdateError, match=r"skipped 3 steps in a row .* \(train.max_nonfinite_updates\)"):
         _count_skipped_update(progress, 3, console)
@@ -81,8 +85,18 @@ def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
     b.batches_drawn = 1
     before = json.loads(json.dumps(b.state_dict()))
     # What prefetch does for the next step: note the cursor, draw the prompts and a seed.
-    b.pending.append(Generation(Flight(prompts=b.stream.take(2), sampling=SamplingSettings(2, 5, 1.0), group_offset=0,
-                                       version=1, rows_per_slice=4), cursor=before_cursor(before)))
+    b.pending.append(
+        Generation(
+            Flight(
+                prompts=b.stream.take(2),
+                sampling=SamplingSettings(2, 5, 1.0),
+                group_offset=0,
+                version=1,
+                rows_per_slice=4,
+            ),
+            cursor=before_cursor(before),
+        )
+    )
     b.batches_drawn += 1
     # A checkpoint now holds the cursor from before the batch in flight: a resume draws it again.
     assert b.state_dict()["stream"] == before["stream"] and b.state_dict()["batches_drawn"] == 1
@@ -93,8 +107,10 @@ def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
 
 
 def before_cursor(state: dict) -> dict:
-    return {"stream": {"epoch": state["stream"]["epoch"], "position": state["stream"]["position"]},
-            "batches_drawn": state["batches_drawn"]}
+    return {
+        "stream": {"epoch": state["stream"]["epoch"], "position": state["stream"]["position"]},
+        "batches_drawn": state["batches_drawn"],
+    }
 
 
 def builder_after(state: dict) -> BatchBuilder:
@@ -104,14 +120,22 @@ def builder_after(state: dict) -> BatchBuilder:
 
 
 def test_reward_shaping_state_survives_json_and_an_older_checkpoint_starts_it_afresh():
-    cfg = config_from_dict({"model": {"path": "tiny"}, "train": {"prompts_per_step": 2}, "rollout": {"samples_per_prompt": 2},
-                            "reward": {"clip": [0, 1], "normalize": "running"}})
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny"},
+            "train": {"prompts_per_step": 2},
+            "rollout": {"samples_per_prompt": 2},
+            "reward": {"clip": [0, 1], "normalize": "running"},
+        }
+    )
     original = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))
     original.shaper([np.array([0.0, 1.0, 0.5])], [np.ones(3)])
     state = json.loads(json.dumps(original.state_dict()))
     resumed = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))
     resumed.load_state_dict(state, PROMPTS)
-    assert resumed.shaper.stats.state_dict() == original.shaper.stats.state_dict() == {"count": 3, "mean": 0.5, "m2": 0.5}
+    assert (
+        resumed.shaper.stats.state_dict() == original.shaper.stats.state_dict() == {"count": 3, "mean": 0.5, "m2": 0.5}
+    )
     # A checkpoint written before reward shaping existed has no "reward_shaper" key.
     del state["reward_shaper"]
     older = BatchBuilder(cfg, workers=None, stream=PromptStream(PROMPTS, seed=3))

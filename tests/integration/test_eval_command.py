@@ -40,7 +40,13 @@ def test_aime24_with_math_reward(tmp_path):
     # The tiny model cannot do AIME: every score is 0, none failed.
     assert report.k == 2
     [source] = report.sources
-    assert (source.source, source.prompts, source.avg_at_k, source.pass_at_k, source.failures) == (AIME24_SOURCE, 30, 0.0, 0.0, 0)
+    assert (source.source, source.prompts, source.avg_at_k, source.pass_at_k, source.failures) == (
+        AIME24_SOURCE,
+        30,
+        0.0,
+        0.0,
+        0,
+    )
     samples = [json.loads(line) for line in report.samples_file.read_text().splitlines()]
     assert len(samples) == 60  # 30 prompts x 2
     assert {"prompt", "answer", "completion", "score", "data_source"} <= samples[0].keys()
@@ -60,7 +66,13 @@ def test_aime24_with_math_reward(tmp_path):
 def test_heldout_greedy_accuracy_matches_the_build_record(tmp_path):
     report = evaluate(
         EvalSettings(
-            model="tiny", data=("tiny:heldout",), n=1, temperature=0.0, max_tokens=4, reward="exact_match", output_dir=str(tmp_path)
+            model="tiny",
+            data=("tiny:heldout",),
+            n=1,
+            temperature=0.0,
+            max_tokens=4,
+            reward="exact_match",
+            output_dir=str(tmp_path),
         ),
         log=lambda line: None,
     )
@@ -74,12 +86,21 @@ def test_heldout_greedy_accuracy_matches_the_build_record(tmp_path):
 
 def test_yarn_factor_sets_rope_scaling_of_the_loaded_model(tmp_path):
     settings = EvalSettings(
-        model="tiny", data=("tiny:heldout",), n=1, temperature=0.0, max_tokens=4, reward="exact_match",
-        yarn_factor=4.0, limit=8, output_dir=str(tmp_path),
+        model="tiny",
+        data=("tiny:heldout",),
+        n=1,
+        temperature=0.0,
+        max_tokens=4,
+        reward="exact_match",
+        yarn_factor=4.0,
+        limit=8,
+        output_dir=str(tmp_path),
     )
     report = evaluate(settings, log=lambda line: None)
     assert report.sources[0].prompts == 8
-    max_positions = json.loads((ensure_tiny_artifacts().model_dir / "config.json").read_text())["max_position_embeddings"]
+    max_positions = json.loads((ensure_tiny_artifacts().model_dir / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": max_positions}
     assert yarn.items() <= report.rope_parameters.items()
     assert json.loads(finished_run(report).data.params["rope_parameters"]) == report.rope_parameters
@@ -101,8 +122,22 @@ def test_missing_data_file_is_one_line_error(tmp_path):
     missing = tmp_path / "missing.parquet"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "eval", "--model", "tiny", "--data", str(missing), "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, env=env,
+        [
+            sys.executable,
+            "-m",
+            "grpo_ray.cli",
+            "eval",
+            "--model",
+            "tiny",
+            "--data",
+            str(missing),
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
@@ -115,7 +150,10 @@ def test_missing_data_file_is_one_line_error(tmp_path):
     "args, expected",
     [
         (["--model", "no/such/dir", "--data", "tiny:heldout"], "error: --model: no/such/dir does not exist"),
-        (["--model", "tiny", "--data", "tiny:heldout", "--n", "2", "--temperature", "0"], "error: --n 2 with --temperature 0"),
+        (
+            ["--model", "tiny", "--data", "tiny:heldout", "--n", "2", "--temperature", "0"],
+            "error: --n 2 with --temperature 0",
+        ),
         (["--model", "tiny", "--data", "tiny:heldout", "--reward", "nope"], "error: unknown reward 'nope'"),
     ],
 )

@@ -27,16 +27,37 @@ def test_train_joins_the_cluster_named_by_ray_address(tmp_path, head_node):
     # it had its actors cancelled before they started, which CI saw.)
     env = dict(os.environ, RAY_ADDRESS=head_node, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
     out = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", "configs/tiny.yaml", "--set", f"output_dir={tmp_path}",
-         "--set", "train.steps=2", "--set", "data.eval_limit=20"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=400,
+        [
+            sys.executable,
+            "-m",
+            "grpo_ray.cli",
+            "train",
+            "configs/tiny.yaml",
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "train.steps=2",
+            "--set",
+            "data.eval_limit=20",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=400,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"running on the Ray cluster at {head_node}" in out.stdout
     # The cluster is still up, and every CPU the run's actors held is free again.
     check = subprocess.run(
-        [sys.executable, "-c",
-         "import ray, time; ray.init(); time.sleep(2); print(ray.available_resources().get('CPU'))"],
-        capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import ray, time; ray.init(); time.sleep(2); print(ray.available_resources().get('CPU'))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert check.stdout.strip().splitlines()[-1] == "2.0", check.stdout + check.stderr[-2000:]

@@ -36,8 +36,14 @@ def command(output_dir: Path, *extra: str) -> list[str]:
 def start(output_dir: Path, log: Path) -> subprocess.Popen:
     # Its own session: SIGKILL to the group takes the driver and the local Ray it started, as a
     # lost machine or a killed job would.
-    return subprocess.Popen(command(output_dir), cwd=ROOT, start_new_session=True, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return subprocess.Popen(
+        command(output_dir),
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
@@ -101,8 +107,11 @@ def test_a_killed_learner_stops_the_run_with_a_clear_message_and_resume_finishes
     out, log = tmp_path / "c", tmp_path / "c.log"
     proc = start(out, log)
     wait_for(out / "checkpoints" / "step_000002" / "state.json", proc, log)
-    learners = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                if any("LearnerWorker" in part for part in p.cmdline())]
+    learners = [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if any("LearnerWorker" in part for part in p.cmdline())
+    ]
     assert len(learners) == 1, [p.cmdline() for p in psutil.Process(proc.pid).children(recursive=True)]
     learners[0].send_signal(signal.SIGKILL)
     assert proc.wait(timeout=300) == 1
@@ -131,16 +140,23 @@ def test_no_resume_starts_over_and_keeps_the_old_checkpoints(tmp_path):
     old = out / "checkpoints" / "step_000002"
     old.mkdir(parents=True)
     (old / "state.json").write_text("{}")
-    proc = subprocess.Popen(command(out, "--no-resume", "--set", "train.steps=1", "--set", "ray.dashboard=true"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        command(out, "--no-resume", "--set", "train.steps=1", "--set", "ray.dashboard=true"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     # While it runs: the dashboard of the local Ray it started listens on 127.0.0.1 only.
     lines = []
     for line in proc.stdout:
         lines.append(line)
         if match := re.search(r"Ray dashboard http://([\d.]+):(\d+)", line):
             port = int(match.group(2))
-            listening = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port}
+            listening = {
+                c.laddr.ip for c in psutil.net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+            }
             assert match.group(1) == "127.0.0.1" and listening == {"127.0.0.1"}, listening
             break
     else:
@@ -177,8 +193,14 @@ def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: 
 def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
     """Run `grpo-ray` with `args` to its end while kill_mid_call waits for `title`; its output
     lines and the pids killed. The run itself must succeed."""
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    proc = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     lines, killed = [], []
     killer = threading.Thread(target=kill_mid_call, args=(proc, title, lines, killed), daemon=True)
     killer.start()
@@ -189,15 +211,21 @@ def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
     return lines, killed
 
 
-@pytest.mark.parametrize("role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")])
+@pytest.mark.parametrize(
+    "role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")]
+)
 def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
     extra = []
     if role == "reward":
         # Streamed: each half of the prompts is scored as it arrives (two calls a step), and the run
         # must still equal the straight run, which took its prompts in one piece.
         (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
-        extra = ["--set", f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]",
-                 "--set", "rollout.groups_per_chunk=16"]
+        extra = [
+            "--set",
+            f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]",
+            "--set",
+            "rollout.groups_per_chunk=16",
+        ]
     out = tmp_path / role
     lines, killed = run_killing(command(out, *extra), title)
     text = "".join(lines)
@@ -220,8 +248,17 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, s
 def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_it(tmp_path):
     out = tmp_path / "vllm"
     lines, killed = run_killing(
-        command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25",
-                "--set", "rollout.groups_per_chunk=8"), "VLLM::EngineCore")  # its chunks streamed, as on GPUs
+        command(
+            out,
+            "--set",
+            "rollout.backend=vllm",
+            "--set",
+            "rollout.vllm.cpu_kv_cache_gb=0.25",
+            "--set",
+            "rollout.groups_per_chunk=8",
+        ),
+        "VLLM::EngineCore",
+    )  # its chunks streamed, as on GPUs
     text = "".join(lines)
     assert killed, f"no vLLM engine core was seen after step 2: {text[-2000:]}"
     died = [line for line in lines if "rollout-0: its vLLM engine died" in line]
@@ -240,6 +277,10 @@ def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_
 
 
 def vllm_orphans() -> list[int]:
-    return [p.pid for p in psutil.process_iter(["cmdline", "ppid", "status"])
-            if (p.info["cmdline"] or [""])[0].startswith("VLLM::") and p.info["ppid"] == 1
-            and p.info["status"] != psutil.STATUS_ZOMBIE]
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "ppid", "status"])
+        if (p.info["cmdline"] or [""])[0].startswith("VLLM::")
+        and p.info["ppid"] == 1
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]

@@ -28,7 +28,11 @@ def test_a_refused_handoff_falls_back_to_the_broadcast_in_one_line(ray_without_s
         assert (sync.handoff_ranks, sync.broadcast_ranks) == (0, 1)
         [note] = sync.notes
         assert note.startswith("weight sync: rollout-0 shares learner rank 0's device but cannot take the hand-off (")
-        assert "/nonexistent-shm is not a directory" in note and note.endswith("it takes the broadcast") and "\n" not in note
+        assert (
+            "/nonexistent-shm is not a directory" in note
+            and note.endswith("it takes the broadcast")
+            and "\n" not in note
+        )
         assert "over gloo" in sync.route_line
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         assert sync.sync(version=1, probe=probe, probe_tolerance=1e-4).probe_max_abs_diff <= 1e-4

@@ -90,10 +90,12 @@ def test_two_rank_update_equals_one_rank(local_ray, step_batch, zero_stage):
         before = ray.get([learner.parameters_snapshot.remote() for learner in learners])[0]
         # Rank r gets rows [r*n/world, (r+1)*n/world); normalisers stay those of the whole step.
         parts = np.array_split(np.arange(batch.num_rows), world)
-        ray.get([
-            learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
-            for learner, rows in zip(learners, parts)
-        ])
+        ray.get(
+            [
+                learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+                for learner, rows in zip(learners, parts)
+            ]
+        )
         snapshots = ray.get([learner.parameters_snapshot.remote() for learner in learners])
         results[world] = snapshots[0]
         if world == 2:
@@ -149,7 +151,9 @@ def test_chunked_logprobs_give_the_same_update(local_ray, step_batch):
         cfg = make_cfg(learner={"logprob_chunk_tokens": chunk}, algorithm={"entropy_coef": 0.01})
         placement, learners = start_learner_group(local_ray, cfg)
         before = local_ray.get(learners[0].parameters_snapshot.remote())
-        stats = local_ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        stats = local_ray.get(
+            learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch)
+        )
         updates.append((local_ray.get(learners[0].parameters_snapshot.remote()), stats.metrics))
         local_ray.kill(learners[0])
         placement.remove()
@@ -167,7 +171,11 @@ def test_packing_and_token_budget_micro_batches_give_the_same_update(local_ray, 
     # batches against row-count's 4 of 8), grouped by length instead of batch order.
     before, rows = _one_update(local_ray, batch, advantages, share_prompts=False)
     assert max(float(np.abs(rows[n] - before[n]).max()) for n in before) > 5e-4
-    for learner in ({"max_tokens_per_micro_batch": 60}, {"packing": True}, {"packing": True, "max_tokens_per_micro_batch": 100}):
+    for learner in (
+        {"max_tokens_per_micro_batch": 60},
+        {"packing": True},
+        {"packing": True, "max_tokens_per_micro_batch": 100},
+    ):
         _, other = _one_update(local_ray, batch, advantages, **learner)
         # As for shared prompts: a wrong gradient flips Adam's ~lr steps; rounding moves near-zero ones.
         worst = max(float(np.abs(other[n] - rows[n]).max()) for n in before)
@@ -184,8 +192,12 @@ def test_two_ranks_with_unequal_token_budget_plans_equal_one_rank(local_ray, ste
     for world, parts in ((1, [np.arange(batch.num_rows)]), (2, [np.arange(29), np.arange(29, batch.num_rows)])):
         placement, learners = start_learner_group(ray, make_cfg(learner={**learner, "num_workers": world}))
         before = ray.get(learners[0].parameters_snapshot.remote())
-        ray.get([learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
-                 for learner, rows in zip(learners, parts)])
+        ray.get(
+            [
+                learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+                for learner, rows in zip(learners, parts)
+            ]
+        )
         results[world] = ray.get(learners[0].parameters_snapshot.remote())
         for actor in learners:
             ray.kill(actor)
@@ -232,8 +244,7 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         assert gap.max() < 1e-4, f"{backend}: engine and learner log-probs differ by {gap.max():.2e} after the sync"
 
         # Sampled completions carry the sampler's log-probs: equal to the learner's on the same tokens.
-        sampled = ray.get(rollouts[0].generate.remote(
-            [_prompt_of(batch)], 0, SamplingSettings(4, 5, 1.0, seed=3), 1))
+        sampled = ray.get(rollouts[0].generate.remote([_prompt_of(batch)], 0, SamplingSettings(4, 5, 1.0, seed=3), 1))
         learner_view = ray.get(learners[0].score.remote(sampled.input_ids, sampled.attention_mask, 1.0))
         sample_gap = np.abs(learner_view - sampled.rollout_logprobs) * sampled.completion_mask
         assert sample_gap.max() < 1e-4, f"{backend}: sampling log-probs differ by {sample_gap.max():.2e}"
@@ -243,8 +254,11 @@ def test_rollout_logprobs_equal_learner_after_sync(local_ray, step_batch, backen
         ray.get(rollouts[0].keep_old_weights.remote())
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         for version, tolerance in ((2, 1e-4), (3, 1e-9)):
-            with pytest.raises(WeightSyncError, match=r"^rollout-0: its engine did not load the sent weights: .* "
-                                                      r"from those of version 1 "):
+            with pytest.raises(
+                WeightSyncError,
+                match=r"^rollout-0: its engine did not load the sent weights: .* "
+                r"from those of version 1 ",
+            ):
                 sync.sync(version=version, probe=probe, probe_tolerance=tolerance)
     finally:
         for actor in learners + rollouts:
@@ -256,7 +270,12 @@ def _prompt_of(batch):
     from grpo_ray.types import Prompt
 
     prompt_len = int(batch.attention_mask[0].sum() - batch.completion_mask[0].sum())
-    return Prompt(uid=0, text=batch.prompts[0], token_ids=tuple(int(t) for t in batch.input_ids[0, :prompt_len]), answer=batch.answers[0])
+    return Prompt(
+        uid=0,
+        text=batch.prompts[0],
+        token_ids=tuple(int(t) for t in batch.input_ids[0, :prompt_len]),
+        answer=batch.answers[0],
+    )
 
 
 def test_masked_rows_leave_the_policy_unchanged(local_ray, step_batch):
@@ -294,7 +313,9 @@ def test_second_pass_uses_rollout_logprobs_as_pi_old(local_ray, step_batch):
 
 
 @pytest.mark.parametrize("zero_stage", [0, 2])
-def test_a_nan_loss_skips_the_update_and_a_checkpoint_restores_model_and_optimizer(local_ray, step_batch, tmp_path, zero_stage):
+def test_a_nan_loss_skips_the_update_and_a_checkpoint_restores_model_and_optimizer(
+    local_ray, step_batch, tmp_path, zero_stage
+):
     ray = local_ray
     batch, _, advantages, _ = step_batch
     rows = np.arange(batch.num_rows)
@@ -308,7 +329,9 @@ def test_a_nan_loss_skips_the_update_and_a_checkpoint_restores_model_and_optimiz
         stats = ray.get(learner.train_step.remote(poisoned, batch))
         assert stats.metrics["update/skipped"] == 1.0
         after = ray.get(learner.parameters_snapshot.remote())
-        assert all(np.array_equal(before[n], after[n]) for n in before), "a NaN loss must leave the weights as they were"
+        assert all(np.array_equal(before[n], after[n]) for n in before), (
+            "a NaN loss must leave the weights as they were"
+        )
 
         ray.get(learner.save_checkpoint.remote(str(tmp_path / "learner")))
         stats = ray.get(learner.train_step.remote(good, batch))

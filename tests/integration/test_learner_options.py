@@ -51,7 +51,12 @@ def update_by_world(ray, batch, advantages, learner: dict) -> tuple[dict, dict[i
         placement, learners = start_learner_group(ray, make_cfg(learner={"num_workers": world, **learner}))
         before = ray.get([lr.parameters_snapshot.remote() for lr in learners])[0]
         parts = np.array_split(np.arange(batch.num_rows), world)
-        ray.get([lr.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows)) for lr, rows in zip(learners, parts)])
+        ray.get(
+            [
+                lr.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+                for lr, rows in zip(learners, parts)
+            ]
+        )
         snapshots = ray.get([lr.parameters_snapshot.remote() for lr in learners])
         results[world] = snapshots[0]
         if world == 2:
@@ -133,7 +138,9 @@ def test_fp16_on_a_cpu_without_fp16_is_refused_in_one_line_naming_the_field(loca
     placement = reserve([resources], 60)
     learners = start_learners(cfg, plan_batches(cfg), placement, resources)
     try:
-        with pytest.raises(Exception, match=r"model\.dtype: float16: DeepSpeed cannot train fp16 on this learner's device") as err:
+        with pytest.raises(
+            Exception, match=r"model\.dtype: float16: DeepSpeed cannot train fp16 on this learner's device"
+        ) as err:
             setup_learners(learners)
     finally:
         for actor in learners:

@@ -15,25 +15,42 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 # probe_every=1: the weight-sync probe (arrays from Ray's object store into torch) runs every step;
 # eval_limit: evaluation at steps 0 and 4 with few prompts; checkpoint_every=2: a checkpoint pause.
-SHORT = ["train.steps=4", "train.eval_every=4", "data.eval_limit=20", "weight_sync.probe_every=1",
-         "train.checkpoint_every=2"]
+SHORT = [
+    "train.steps=4",
+    "train.eval_every=4",
+    "data.eval_limit=20",
+    "weight_sync.probe_every=1",
+    "train.checkpoint_every=2",
+]
 
 # A Python warning as warnings.showwarning prints it, in the driver or forwarded from an actor:
 # "/path/grpo_ray/actors/hf_engine.py:109: UserWarning: ..."
 _WARNING = re.compile(r"(\S+\.py):(\d+): (\w*Warning): (.*)")
 
 # Notices every start printed before (issue 23), which a default run must not show.
-_NOISE = ("Setting accelerator to CPU", "Token authentication is enabled", "generation flags are not valid",
-          "NumPy array is not writable", "Creating initial MLflow database tables", "Loading weights",
-          "Writing model shards")
+_NOISE = (
+    "Setting accelerator to CPU",
+    "Token authentication is enabled",
+    "generation flags are not valid",
+    "NumPy array is not writable",
+    "Creating initial MLflow database tables",
+    "Loading weights",
+    "Writing model shards",
+)
 
 
 def start_run(output_dir: Path, *extra: str) -> subprocess.Popen:
     sets = [arg for item in [f"output_dir={output_dir}", *SHORT] for arg in ("--set", item)]
     # PYTHONWARNINGS=default: every warning shows once per place, DeprecationWarnings included.
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="default")
-    return subprocess.Popen([sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets, *extra], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets, *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def listening(tree_root: int) -> list[tuple[str, str, int]]:
@@ -90,8 +107,11 @@ def test_grpo_ray_code_raises_no_python_warning(tmp_path):
     proc = start_run(tmp_path, "--verbose")
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
-    ours = [m.group(0) for m in map(_WARNING.search, output.splitlines())
-            if m and f"{os.sep}grpo_ray{os.sep}" in m.group(1)]
+    ours = [
+        m.group(0) for m in map(_WARNING.search, output.splitlines()) if m and f"{os.sep}grpo_ray{os.sep}" in m.group(1)
+    ]
     assert not ours, "Python warnings from grpo_ray:\n" + "\n".join(ours)
     # --verbose shows the libraries' notices again: the filter above had something to read.
-    assert "Creating initial MLflow database tables" in output, f"after {time.monotonic() - started:.0f} s:\n{output[-2000:]}"
+    assert "Creating initial MLflow database tables" in output, (
+        f"after {time.monotonic() - started:.0f} s:\n{output[-2000:]}"
+    )

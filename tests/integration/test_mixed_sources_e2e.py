@@ -17,7 +17,9 @@ def write_mixed(path, rows: int = 64):
     train_rows, _ = load_rows("tiny:train")
     with path.open("w") as out:
         for i, row in enumerate(train_rows[:rows]):
-            out.write(json.dumps({"prompt": row.prompt, "answer": row.answer, "data_source": ["sum", "fmt"][i % 2]}) + "\n")
+            out.write(
+                json.dumps({"prompt": row.prompt, "answer": row.answer, "data_source": ["sum", "fmt"][i % 2]}) + "\n"
+            )
     return path
 
 
@@ -27,11 +29,19 @@ def test_by_source_metrics_and_another_reference_model(tmp_path):
     tokenizer = build_tiny_tokenizer()
     build_tiny_model(len(tokenizer), seed=7).save_pretrained(reference)  # same tokenizer, other weights
     save_tiny_tokenizer(tokenizer, reference)
-    result = train(quick_cfg(
-        tmp_path / "run", "train.steps=2", "train.prompts_per_step=8", f"data.train_files=[{data}]",
-        f"data.eval_files=[{data}]", "data.eval_limit=16", "algorithm.kl_coef=0.05", f"reference.model_path={reference}",
-        "reward.by_source={sum: [{name: exact_match}], fmt: [{name: format, options: {pattern: '[0-9]+'}}]}",
-    ))
+    result = train(
+        quick_cfg(
+            tmp_path / "run",
+            "train.steps=2",
+            "train.prompts_per_step=8",
+            f"data.train_files=[{data}]",
+            f"data.eval_files=[{data}]",
+            "data.eval_limit=16",
+            "algorithm.kl_coef=0.05",
+            f"reference.model_path={reference}",
+            "reward.by_source={sum: [{name: exact_match}], fmt: [{name: format, options: {pattern: '[0-9]+'}}]}",
+        )
+    )
     for key in ("reward/source/sum/mean", "reward/source/fmt/mean", "reward/accuracy/sum/mean"):
         assert len(metric_history(result, key)) == 2, key
     assert set(metric_history(result, "eval/accuracy/sum")) == {0, 2}

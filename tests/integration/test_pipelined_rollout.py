@@ -23,8 +23,15 @@ from grpo_ray.train.run import current_phase
 from .conftest import kill_child_titled
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-SETTINGS = ["train.steps=6", "train.checkpoint_every=3", "train.eval_every=0", "data.eval_limit=20",
-            "rollout.max_staleness=1", "weight_sync.probe_every=1", "weight_sync.measure_raw_broadcast=true"]
+SETTINGS = [
+    "train.steps=6",
+    "train.checkpoint_every=3",
+    "train.eval_every=0",
+    "data.eval_limit=20",
+    "rollout.max_staleness=1",
+    "weight_sync.probe_every=1",
+    "weight_sync.measure_raw_broadcast=true",
+]
 COMPARED = ("batch/prompt_digest", "reward/mean", "loss/policy", "actor/entropy", "batch/staleness")
 
 
@@ -85,13 +92,35 @@ def test_a_resumed_pipelined_run_continues_exactly(pipelined, tmp_path):
 
 def test_the_run_ends_at_the_first_evaluation_that_reaches_stop_at_accuracy(tmp_path):
     # The tiny model starts near 20% held-out accuracy: the first evaluation after step 0 reaches 5%.
-    result = train(load_config(TINY, [f"output_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "data.eval_limit=20",
-                                      "rollout.max_staleness=1", "train.stop_at_accuracy=0.05"]))
+    result = train(
+        load_config(
+            TINY,
+            [
+                f"output_dir={tmp_path}",
+                "train.steps=6",
+                "train.eval_every=2",
+                "data.eval_limit=20",
+                "rollout.max_staleness=1",
+                "train.stop_at_accuracy=0.05",
+            ],
+        )
+    )
     assert result.steps == 2 and result.eval_accuracy[2] >= 0.05
     assert result.model_dir is not None and (Path(result.model_dir) / "config.json").exists()
     # The run is finished: the same command again trains nothing.
-    again = train(load_config(TINY, [f"output_dir={tmp_path}", "train.steps=6", "train.eval_every=2", "data.eval_limit=20",
-                                     "rollout.max_staleness=1", "train.stop_at_accuracy=0.05"]))
+    again = train(
+        load_config(
+            TINY,
+            [
+                f"output_dir={tmp_path}",
+                "train.steps=6",
+                "train.eval_every=2",
+                "data.eval_limit=20",
+                "rollout.max_staleness=1",
+                "train.stop_at_accuracy=0.05",
+            ],
+        )
+    )
     assert again.steps == 2
 
 
@@ -117,7 +146,9 @@ def test_a_share_lost_ahead_is_sampled_again_by_the_weights_that_sampled_the_bat
         killer.join()
     out = capsys.readouterr().out
     assert killed, "the rollout worker was never seen generating during an update"
-    assert "died and was replaced" in out and "sampled by weights version" in out and "sampled by them again" in out, out[-3000:]
+    assert "died and was replaced" in out and "sampled by weights version" in out and "sampled by them again" in out, (
+        out[-3000:]
+    )
     assert sum(per_step(hurt.tracking_uri, hurt.run_id, "faults/rollout_replaced").values()) == 1.0
     # One update older than the weights the workers held then, and still the unhurt run, step by step.
     for key in COMPARED:

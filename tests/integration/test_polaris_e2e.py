@@ -26,9 +26,12 @@ def polaris_jsonl(tmp_path_factory):
     """40 tiny arithmetic problems written as POLARIS rows (problem, answer, difficulty "k/8")."""
     rows = [json.loads(line) for line in ensure_tiny_artifacts().train_file.read_text().splitlines()[:40]]
     path = tmp_path_factory.mktemp("polaris-data") / "polaris.jsonl"
-    path.write_text("\n".join(
-        json.dumps({"problem": r["prompt"], "answer": r["answer"], "difficulty": f"{i % 8}/8"}) for i, r in enumerate(rows)
-    ))
+    path.write_text(
+        "\n".join(
+            json.dumps({"problem": r["prompt"], "answer": r["answer"], "difficulty": f"{i % 8}/8"})
+            for i, r in enumerate(rows)
+        )
+    )
     return path
 
 
@@ -54,7 +57,8 @@ def history(client, run_id, key):
 
 def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
     cfg = recipe(
-        tmp_path, polaris_jsonl,
+        tmp_path,
+        polaris_jsonl,
         train={"prompts_per_step": PROMPTS_PER_STEP, "max_skipped_batches": 30},
         algorithm={"clip_high": 0.28, "overlong": "zero_reward"},
         polaris={"substitution": True, "rescue": True, "drop_easy_threshold": 0.0},
@@ -114,9 +118,15 @@ def test_two_stage_polaris_run(tmp_path, polaris_jsonl):
 def test_kl_in_the_reward_with_reference_refresh_and_dynamic_sampling(tmp_path, polaris_jsonl):
     # lr 1e-3 so one update moves the policy measurably away from the reference.
     cfg = recipe(
-        tmp_path, polaris_jsonl,
+        tmp_path,
+        polaris_jsonl,
         learner={"num_cpus": 0.75, "micro_batch_size": 128, "lr": 1e-3},
-        algorithm={"kl_coef": 0.05, "kl_placement": "reward", "dynamic_sampling": True, "dynamic_sampling_max_tries": 3},
+        algorithm={
+            "kl_coef": 0.05,
+            "kl_placement": "reward",
+            "dynamic_sampling": True,
+            "dynamic_sampling_max_tries": 3,
+        },
         reference={"num_cpus": 0.25, "refresh_every": 2},
         train={"prompts_per_step": PROMPTS_PER_STEP, "steps": 4},
         tracking={"samples_every": 2, "samples_per_table": 3},

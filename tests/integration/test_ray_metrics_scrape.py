@@ -30,10 +30,21 @@ def metrics_head():
     ray_bin = Path(sys.executable).with_name("ray")
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     subprocess.run(
-        [str(ray_bin), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-         f"--metrics-export-port={metrics_port}", "--num-cpus=2", "--include-dashboard=false",
-         "--disable-usage-stats"],
-        check=True, capture_output=True, env=env, timeout=120,
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            f"--metrics-export-port={metrics_port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=120,
     )
     try:
         yield f"127.0.0.1:{port}", metrics_port
@@ -73,10 +84,25 @@ def test_a_running_job_exports_every_metric(tmp_path, metrics_head):
     scraper.start()
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "grpo_ray.cli", "train", str(ROOT / "configs" / "tiny.yaml"),
-             "--set", f"output_dir={tmp_path}", "--set", "train.steps=3", "--set", "data.eval_limit=20",
-             "--set", f"ray.address={address}"],
-            capture_output=True, text=True, cwd=ROOT, timeout=400,
+            [
+                sys.executable,
+                "-m",
+                "grpo_ray.cli",
+                "train",
+                str(ROOT / "configs" / "tiny.yaml"),
+                "--set",
+                f"output_dir={tmp_path}",
+                "--set",
+                "train.steps=3",
+                "--set",
+                "data.eval_limit=20",
+                "--set",
+                f"ray.address={address}",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=400,
             env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
         )
         assert out.returncode == 0, out.stderr[-2000:]

@@ -9,7 +9,7 @@ from grpo_ray.cluster.dispatch import pool_scores
 from grpo_ray.train.rows import failure_counts
 from grpo_ray.types import Completion, Prompt
 
-USER_REWARDS = '''
+USER_REWARDS = """
 import os, time
 
 def flaky(completions, prompts, answers, **_):
@@ -21,7 +21,7 @@ def flaky(completions, prompts, answers, **_):
     if any("raise" in c for c in completions):
         raise RuntimeError("user function raised")
     return [float(len(c)) for c in completions]
-'''
+"""
 
 
 def make_slice(texts, answers):

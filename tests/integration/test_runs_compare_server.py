@@ -75,8 +75,20 @@ def mlflow_server(tmp_path):
     mlflow = Path(sys.executable).parent / "mlflow"
     port = free_port()
     log = tmp_path / "server.log"
-    command = [str(mlflow), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-               "--backend-store-uri", f"sqlite:///{tmp_path / 'db.sqlite'}", "--default-artifact-root", str(tmp_path / "art")]
+    command = [
+        str(mlflow),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp_path / 'db.sqlite'}",
+        "--default-artifact-root",
+        str(tmp_path / "art"),
+    ]
     # The server's job runner (a pool of huey consumers, for GenAI features) is not needed to track runs.
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with log.open("w") as out:
@@ -106,8 +118,11 @@ def test_compare_runs_on_a_tracking_server(mlflow_server, tmp_path):
     second = log_run(mlflow_server, "second", 1e-5, [0.2, 0.5, 0.9])
     plot = tmp_path / "curves.png"
 
-    result = CliRunner().invoke(main, ["runs", "compare", "--experiment", "grpo-server", "--plot", str(plot)],
-                                env={"MLFLOW_TRACKING_URI": mlflow_server})
+    result = CliRunner().invoke(
+        main,
+        ["runs", "compare", "--experiment", "grpo-server", "--plot", str(plot)],
+        env={"MLFLOW_TRACKING_URI": mlflow_server},
+    )
     assert result.exit_code == 0, result.output
     rows = {label: cells for label, *cells in (re.split(r" {2,}", line) for line in result.output.splitlines())}
     assert rows[""] == [f"first ({first[:8]})", f"second ({second[:8]})"]

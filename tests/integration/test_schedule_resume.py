@@ -16,9 +16,15 @@ from grpo_ray.train.loop import train
 from .test_faults import SHORT, TINY
 
 SWITCHES = [
-    "learner.lr_schedule=cosine", "learner.warmup_steps=1", "learner.min_lr=1e-6",
-    "algorithm.kl_coef=0.01", "algorithm.kl_controller=adaptive", "algorithm.kl_target=1.0", "algorithm.kl_horizon=500",
-    "reward.clip=[0,1]", "reward.normalize=running",
+    "learner.lr_schedule=cosine",
+    "learner.warmup_steps=1",
+    "learner.min_lr=1e-6",
+    "algorithm.kl_coef=0.01",
+    "algorithm.kl_controller=adaptive",
+    "algorithm.kl_target=1.0",
+    "algorithm.kl_horizon=500",
+    "reward.clip=[0,1]",
+    "reward.normalize=running",
 ]
 KEYS = ("actor/lr", "kl/coef", "reward/running_mean", "reward/running_std", "loss/total")
 

@@ -36,6 +36,8 @@ def test_a_call_that_never_returns_is_named_with_its_phase(local_ray):
         wait_for([quick, stuck], {quick: "rollout-0", stuck: "rollout-1"}, stall_s=1.0)
     assert time.monotonic() - started < 10
     message = str(err.value)
-    assert message.startswith("rollout made no progress for 1 s (weight_sync.timeout_s): nothing came back from rollout-1;")
+    assert message.startswith(
+        "rollout made no progress for 1 s (weight_sync.timeout_s): nothing came back from rollout-1;"
+    )
     assert "\n" not in message
     local_ray.cancel(stuck, force=True)

@@ -16,13 +16,22 @@ from .test_train_e2e import TINY, metric_history
 
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
 
-SETTINGS = ["train.steps=2", "train.eval_every=0", "data.eval_limit=20", "rollout.backend=vllm",
-            "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.num_workers=2", "algorithm.dynamic_sampling=true"]
+SETTINGS = [
+    "train.steps=2",
+    "train.eval_every=0",
+    "data.eval_limit=20",
+    "rollout.backend=vllm",
+    "rollout.vllm.cpu_kv_cache_gb=0.25",
+    "rollout.num_workers=2",
+    "algorithm.dynamic_sampling=true",
+]
 
 
 def test_a_streamed_rollout_trains_on_what_the_seed_draws_and_stops_once_it_has_enough(tmp_path):
     whole = train(load_config(TINY, [f"output_dir={tmp_path / 'whole'}", *SETTINGS]))
-    streamed = train(load_config(TINY, [f"output_dir={tmp_path / 'streamed'}", *SETTINGS, "rollout.groups_per_chunk=1"]))
+    streamed = train(
+        load_config(TINY, [f"output_dir={tmp_path / 'streamed'}", *SETTINGS, "rollout.groups_per_chunk=1"])
+    )
 
     for key in ("loss/total", "loss/policy", "batch/kept_groups", "actor/entropy"):
         want, got = metric_history(whole, key), metric_history(streamed, key)

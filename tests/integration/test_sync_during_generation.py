@@ -20,10 +20,19 @@ pytestmark = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is
 
 # Long, hot completions (up to 48 tokens at vLLM's highest temperature) so that a batch is still
 # generating when the update before it ends; one learner thread, so the update is quick beside it.
-SETTINGS = ["train.steps=6", "train.eval_every=0", "data.eval_limit=8", "rollout.backend=vllm",
-            "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.max_staleness=1", "rollout.max_new_tokens=48",
-            "rollout.temperature=2.0", "weight_sync.probe_every=1", "learner.torch_threads=1",
-            "train.checkpoint_every=0"]
+SETTINGS = [
+    "train.steps=6",
+    "train.eval_every=0",
+    "data.eval_limit=8",
+    "rollout.backend=vllm",
+    "rollout.vllm.cpu_kv_cache_gb=0.25",
+    "rollout.max_staleness=1",
+    "rollout.max_new_tokens=48",
+    "rollout.temperature=2.0",
+    "weight_sync.probe_every=1",
+    "learner.torch_threads=1",
+    "train.checkpoint_every=0",
+]
 
 
 def test_a_pipelined_run_with_syncs_during_generation_proves_every_one(tmp_path):
@@ -42,6 +51,10 @@ def test_a_pipelined_run_with_syncs_during_generation_proves_every_one(tmp_path)
 
 
 def test_a_pipelined_run_with_syncs_after_generation_never_lands_one_during_it(tmp_path):
-    result = train(load_config(TINY, [f"output_dir={tmp_path / 'run'}", *SETTINGS, "train.steps=3",
-                                      "rollout.vllm.sync_during_generation=false"]))
+    result = train(
+        load_config(
+            TINY,
+            [f"output_dir={tmp_path / 'run'}", *SETTINGS, "train.steps=3", "rollout.vllm.sync_during_generation=false"],
+        )
+    )
     assert set(metric_history(result, "sync/during_generation").values()) == {0.0}

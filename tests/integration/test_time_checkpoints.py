@@ -13,8 +13,14 @@ from grpo_ray.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 # A checkpoint is due after every step (0.0001 minutes), none by step count.
-SETTINGS = ["train.steps=4", "train.checkpoint_every=0", "train.checkpoint_every_minutes=0.0001",
-            "train.keep_checkpoints=10", "data.eval_limit=20", "rollout.max_staleness=1"]
+SETTINGS = [
+    "train.steps=4",
+    "train.checkpoint_every=0",
+    "train.checkpoint_every_minutes=0.0001",
+    "train.keep_checkpoints=10",
+    "data.eval_limit=20",
+    "rollout.max_staleness=1",
+]
 
 
 def history(result, key: str) -> list[tuple[int, float]]:

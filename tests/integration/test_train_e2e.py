@@ -35,8 +35,10 @@ NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
 VLLM_LEARNS = ["rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.groups_per_chunk=4"]
 
 
-@pytest.mark.parametrize("backend, overrides", [pytest.param("hf", [], id="hf"),
-                                               pytest.param("vllm", VLLM_LEARNS, marks=NEEDS_VLLM, id="vllm")])
+@pytest.mark.parametrize(
+    "backend, overrides",
+    [pytest.param("hf", [], id="hf"), pytest.param("vllm", VLLM_LEARNS, marks=NEEDS_VLLM, id="vllm")],
+)
 def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
     # 200 steps of 32 prompts x 8 samples. From ~21%, the plain single-process loop reaches ~32%
     # by step 200; this loop, measured here: 21.0% -> 30.2% on hf, and on vllm streamed or not (the
@@ -48,9 +50,19 @@ def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
     assert end - start >= 0.08, f"held-out accuracy {start:.3f} -> {end:.3f}"
     logged = metric_history(result, "eval/accuracy")
     assert logged[0] == pytest.approx(start) and logged[200] == pytest.approx(end)
-    for key in ("reward/mean", "reward/exact_match/mean", "loss/total", "actor/entropy", "actor/clip_fraction",
-                "response/length_mean", "mismatch/abs_diff_mean", "timing/rollout", "timing/update",
-                "timing/sync", "throughput/completion_tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/exact_match/mean",
+        "loss/total",
+        "actor/entropy",
+        "actor/clip_fraction",
+        "response/length_mean",
+        "mismatch/abs_diff_mean",
+        "timing/rollout",
+        "timing/update",
+        "timing/sync",
+        "throughput/completion_tokens_per_s",
+    ):
         assert len(metric_history(result, key)) == 200, key
     # The learner and the engine agree on every sampled token: the sync is exact.
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4
@@ -61,8 +73,16 @@ def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
 
 
 def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path):
-    result = train(quick_cfg(tmp_path, "train.steps=3", "algorithm.kl_coef=0.05", "model.lora.enabled=true",
-                             "learner.lr=1e-3", "data.eval_limit=50"))
+    result = train(
+        quick_cfg(
+            tmp_path,
+            "train.steps=3",
+            "algorithm.kl_coef=0.05",
+            "model.lora.enabled=true",
+            "learner.lr=1e-3",
+            "data.eval_limit=50",
+        )
+    )
     kl = metric_history(result, "actor/kl")
     assert len(kl) == 3 and all(v >= 0 for v in kl.values())
     assert max(kl.values()) > 0, "after a LoRA update the policy must drift from the reference"
@@ -78,9 +98,19 @@ def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learne
 
     from grpo_ray.models.loading import load_causal_lm
 
-    result = train(quick_cfg(tmp_path, "train.steps=3", "model.lora.enabled=true", "learner.lr=1e-2",
-                             "weight_sync.probe_every=1", "data.eval_limit=20", f"rollout.backend={backend}",
-                             "rollout.vllm.cpu_kv_cache_gb=0.25", f"rollout.tensor_parallel_size={tp}"))
+    result = train(
+        quick_cfg(
+            tmp_path,
+            "train.steps=3",
+            "model.lora.enabled=true",
+            "learner.lr=1e-2",
+            "weight_sync.probe_every=1",
+            "data.eval_limit=20",
+            f"rollout.backend={backend}",
+            "rollout.vllm.cpu_kv_cache_gb=0.25",
+            f"rollout.tensor_parallel_size={tp}",
+        )
+    )
     full_mb = sum(p.numel() * p.element_size() for p in load_causal_lm("tiny").parameters()) / 1e6
     sent = metric_history(result, "sync/megabytes")
     assert len(sent) == 3 and max(sent.values()) < 0.1 * full_mb
@@ -97,9 +127,18 @@ def test_lora_sync_sends_only_the_adapter_and_the_engine_samples_from_the_learne
 # the offsets between engines are exercised in one run (each ~50 s on 2 cores).
 @pytest.mark.parametrize("engines, tp", [(2, 2)])
 def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
-    result = train(quick_cfg(tmp_path, "train.steps=3", "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25",
-                             "weight_sync.probe_every=1", "data.eval_limit=50", f"rollout.tensor_parallel_size={tp}",
-                             f"rollout.num_workers={engines}"))
+    result = train(
+        quick_cfg(
+            tmp_path,
+            "train.steps=3",
+            "rollout.backend=vllm",
+            "rollout.vllm.cpu_kv_cache_gb=0.25",
+            "weight_sync.probe_every=1",
+            "data.eval_limit=50",
+            f"rollout.tensor_parallel_size={tp}",
+            f"rollout.num_workers={engines}",
+        )
+    )
     # Each shard of each engine is a receiving rank of its own, on the learner's host: the hand-off.
     assert f"MB) to {engines * tp} ranks: {engines * tp} ranks by hand-off" in capsys.readouterr().out
     probe = metric_history(result, "sync/probe_max_abs_diff")
@@ -111,9 +150,19 @@ def test_vllm_backend_trains_through_the_driver(tmp_path, capsys, engines, tp):
 def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_path, capsys):
     # The report: this run stopped at step 2 with "its engine did not load the sent weights",
     # although it had. Now the probe says once that it cannot tell, and logs it at every sync.
-    result = train(quick_cfg(
-        tmp_path, "rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "model.dtype=bfloat16",
-        "learner.lr=1e-6", "weight_sync.probe_every=1", "train.steps=10", "train.eval_every=0", "data.eval_limit=20"))
+    result = train(
+        quick_cfg(
+            tmp_path,
+            "rollout.backend=vllm",
+            "rollout.vllm.cpu_kv_cache_gb=0.25",
+            "model.dtype=bfloat16",
+            "learner.lr=1e-6",
+            "weight_sync.probe_every=1",
+            "train.steps=10",
+            "train.eval_every=0",
+            "data.eval_limit=20",
+        )
+    )
     assert result.steps == 10
     undecided = metric_history(result, "sync/probe_undecided")
     moved, gap = metric_history(result, "sync/probe_moved"), metric_history(result, "sync/probe_kernel_gap")
@@ -126,8 +175,14 @@ def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_p
 
 def run_cli(*args, timeout=300):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "grpo_ray.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_ray.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 def error_lines(stderr):
@@ -157,8 +212,16 @@ def test_actor_that_fails_to_start_is_named_and_ray_is_stopped(tmp_path):
     empty = tmp_path / "empty-model"
     empty.mkdir()
     before = len(ray_processes())
-    out = run_cli("train", str(TINY), "--set", f"output_dir={tmp_path}", "--set", f"model.path={empty}",
-                  "--set", "model.tokenizer=tiny")
+    out = run_cli(
+        "train",
+        str(TINY),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--set",
+        f"model.path={empty}",
+        "--set",
+        "model.tokenizer=tiny",
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     line = error_lines(out.stderr)[-1]
     assert "failed to start" in line and "cannot load" in line and str(empty) in line
@@ -168,9 +231,24 @@ def test_actor_that_fails_to_start_is_named_and_ray_is_stopped(tmp_path):
 def test_ctrl_c_stops_the_run_and_its_local_ray(tmp_path):
     before = len(ray_processes())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), "--set", f"output_dir={tmp_path}",
-         "--set", "train.steps=500", "--set", "data.eval_limit=50"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        [
+            sys.executable,
+            "-m",
+            "grpo_ray.cli",
+            "train",
+            str(TINY),
+            "--set",
+            f"output_dir={tmp_path}",
+            "--set",
+            "train.steps=500",
+            "--set",
+            "data.eval_limit=50",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
     )
     deadline = time.monotonic() + 240
     for line in proc.stdout:
@@ -193,8 +271,16 @@ def test_a_reward_function_that_always_fails_stops_the_run_naming_it(tmp_path):
     path = tmp_path / "broken_reward.py"
     path.write_text("def broken(completions, prompts, answers, **_):\n    return [1.0 / 0 for _ in completions]\n")
     before = len(ray_processes())
-    out = run_cli("train", str(TINY), "--set", f"output_dir={tmp_path}", "--set", "data.eval_limit=20",
-                  "--set", f"reward.functions=[{{name: '{path}:broken'}}]")
+    out = run_cli(
+        "train",
+        str(TINY),
+        "--set",
+        f"output_dir={tmp_path}",
+        "--set",
+        "data.eval_limit=20",
+        "--set",
+        f"reward.functions=[{{name: '{path}:broken'}}]",
+    )
     assert out.returncode == 1, out.stderr[-2000:]
     line = error_lines(out.stderr)[-1]
     assert f"reward function '{path}:broken' failed on 100% of completions" in line
@@ -206,8 +292,11 @@ def test_reward_model_actor_scores_every_completion_beside_the_functions(tmp_pat
     from grpo_ray.actors.reward_model import build_tiny_reward_model
 
     model_dir = build_tiny_reward_model(tmp_path / "tiny-rm", seed=0)
-    result = train(quick_cfg(tmp_path, "train.steps=2", "data.eval_limit=20", f"reward.model.path={model_dir}",
-                             "reward.model.weight=0.1"))
+    result = train(
+        quick_cfg(
+            tmp_path, "train.steps=2", "data.eval_limit=20", f"reward.model.path={model_dir}", "reward.model.weight=0.1"
+        )
+    )
     rm = metric_history(result, "reward/reward_model/mean")
     assert len(rm) == 2 and all(np.isfinite(v) for v in rm.values())
     assert metric_history(result, "reward/reward_model/failures") == {1: 0.0, 2: 0.0}
@@ -219,8 +308,17 @@ def test_reward_model_actor_scores_every_completion_beside_the_functions(tmp_pat
 
 def test_zero3_learners_gather_weights_for_the_broadcast(tmp_path):
     # Two ZeRO-3 ranks each hold half of every parameter; the broadcast gathers bucket by bucket.
-    result = train(quick_cfg(tmp_path, "train.steps=2", "learner.num_workers=2", "learner.zero_stage=3",
-                             "learner.num_cpus=0.5", "weight_sync.probe_every=1", "data.eval_limit=20"))
+    result = train(
+        quick_cfg(
+            tmp_path,
+            "train.steps=2",
+            "learner.num_workers=2",
+            "learner.zero_stage=3",
+            "learner.num_cpus=0.5",
+            "weight_sync.probe_every=1",
+            "data.eval_limit=20",
+        )
+    )
     probe = metric_history(result, "sync/probe_max_abs_diff")
     assert len(probe) == 2 and max(probe.values()) < 1e-4
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4

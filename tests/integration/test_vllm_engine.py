@@ -57,7 +57,9 @@ def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, ste
             assert (stale * batch.completion_mask).max() > 1e-3, "before the sync the engine holds the old weights"
             result = sync.sync(version=version, probe=probe, probe_tolerance=1e-4)
             gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args)))
-            assert (gap * batch.completion_mask).max() < 1e-4, f"sync {version}: engine and learner differ by {gap.max():.2e}"
+            assert (gap * batch.completion_mask).max() < 1e-4, (
+                f"sync {version}: engine and learner differ by {gap.max():.2e}"
+            )
             assert result.probe_max_abs_diff <= 1e-4
 
         # Shard 1 receives bucket 0 but neither loads nor counts it: the sync fails, naming both.
@@ -66,7 +68,9 @@ def test_every_shard_of_a_tensor_parallel_engine_loads_every_sync(local_ray, ste
         with pytest.raises(WeightSyncError) as err:
             sync.sync(version=3, probe=probe, probe_tolerance=1e-4)
         message = str(err.value)
-        assert message.startswith("rollout-0 (tp rank 1) received weights with checksum") and "\n" not in message, message
+        assert message.startswith("rollout-0 (tp rank 1) received weights with checksum") and "\n" not in message, (
+            message
+        )
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)
@@ -90,7 +94,9 @@ def test_a_sync_lands_in_the_middle_of_a_long_generation_which_then_finishes_on_
         synced_at = time.monotonic() - started
         sampled = ray.get(running)
         finished_at = time.monotonic() - started
-        assert result.during_generation == 1, f"the sync waited for the generation ({synced_at:.1f} s, done at {finished_at:.1f} s)"
+        assert result.during_generation == 1, (
+            f"the sync waited for the generation ({synced_at:.1f} s, done at {finished_at:.1f} s)"
+        )
         assert synced_at < finished_at
         assert sampled.input_ids.shape[0] == 512 * 16
         assert set(sampled.policy_versions.tolist()) == {0}, "rows keep the version their batch started with"

@@ -28,7 +28,10 @@ SMALL_STEPS = 12  # steps 1-12 train at lr * k / WARMUP
 
 
 def start_pair(cfg, learner_gpus: float = 0, rollout_gpus: float = 0):
-    learner_res, rollout_res = RoleResources("learner", 1, 0.5, learner_gpus), RoleResources("rollout", 1, 0.5, rollout_gpus)
+    learner_res, rollout_res = (
+        RoleResources("learner", 1, 0.5, learner_gpus),
+        RoleResources("rollout", 1, 0.5, rollout_gpus),
+    )
     placement = reserve([learner_res, rollout_res], 120)
     learners = start_learners(cfg, plan_batches(cfg), placement, learner_res)
     rollouts = start_rollouts(cfg, placement, rollout_res)
@@ -53,7 +56,9 @@ def drill(ray, learners, rollouts, step_batch, tolerance: float) -> dict:
 
     # A healthy engine: no "not loaded" (it would raise) whatever the update's size against the noise.
     small = [update_and_sync(step) for step in range(1, SMALL_STEPS + 1)]
-    print(f"start gap {gap:.2e}; small updates moved the probe " + ", ".join(f"{p.moved:.1e}" for p in small), flush=True)
+    print(
+        f"start gap {gap:.2e}; small updates moved the probe " + ", ".join(f"{p.moved:.1e}" for p in small), flush=True
+    )
     assert small[0].undecided == 1 and small[0].moved < SEPARATION * max(gap, tolerance)
     assert small[0].notice.startswith("rollout-0: the weight probe cannot tell yet")
 
@@ -88,7 +93,8 @@ def drill_cfg(dtype: str, peak_lr: float, **sections):
 # below the kernels' ~5e-7: in both, the first updates move the probe less than the noise.
 @pytest.mark.parametrize("dtype, tolerance, peak_lr", [("bfloat16", 1e-3, 1e-3), ("float32", 1e-9, 1e-6)])
 def test_the_probe_never_cries_wolf_and_still_catches_an_engine_that_keeps_its_old_weights(
-        local_ray, step_batch, dtype, tolerance, peak_lr):  # noqa: F811
+    local_ray, step_batch, dtype, tolerance, peak_lr
+):  # noqa: F811
     cfg = drill_cfg(dtype, peak_lr, rollout={"backend": "vllm", "vllm": {"cpu_kv_cache_gb": 0.25}})
     placement, learners, rollouts = start_pair(cfg)
     try:
@@ -100,4 +106,3 @@ def test_the_probe_never_cries_wolf_and_still_catches_an_engine_that_keeps_its_o
         for actor in learners + rollouts:
             local_ray.kill(actor)
         placement.remove()
-

@@ -35,8 +35,15 @@ def test_a_pipelined_step_says_what_overlapped_its_update():
     out = io.StringIO()
     console = ConsoleReporter(100, stream=out, pipelined=True)
     # One batch started ahead generated beside the update and had not finished when it did.
-    console.step(10, {"timing/step": 1.5, "batch/staleness": 1.0, "pipeline/ahead_during_update": 1.0,
-                      "pipeline/ahead_generated_by_update_end": 0.0})
+    console.step(
+        10,
+        {
+            "timing/step": 1.5,
+            "batch/staleness": 1.0,
+            "pipeline/ahead_during_update": 1.0,
+            "pipeline/ahead_generated_by_update_end": 0.0,
+        },
+    )
     assert out.getvalue() == "step 10/100  s/step 1.5  stale 1  ahead 0/1 done  eta 2m15s\n"
 
 
@@ -49,7 +56,15 @@ def test_pauses_between_steps_are_named():
 
 
 def test_durations_read_at_a_glance():
-    assert [_duration(s) for s in (0.4, 59, 60, 725, 3599, 3600, 11220)] == ["0s", "59s", "1m00s", "12m05s", "59m59s", "1h00m", "3h07m"]
+    assert [_duration(s) for s in (0.4, 59, 60, 725, 3599, 3600, 11220)] == [
+        "0s",
+        "59s",
+        "1m00s",
+        "12m05s",
+        "59m59s",
+        "1h00m",
+        "3h07m",
+    ]
 
 
 def test_a_terminal_gets_a_bar_with_accuracy_step_time_and_eta():

@@ -75,7 +75,9 @@ def test_actors_never_import_deepspeed_and_vllm_together_nor_ray(module):
 
 
 def test_ray_only_in_cluster_and_the_run_loop():
-    offenders = [m for m, path in MODULES.items() if "ray" in third_party(imported(path)) and not within(m, RAY_ALLOWED)]
+    offenders = [
+        m for m, path in MODULES.items() if "ray" in third_party(imported(path)) and not within(m, RAY_ALLOWED)
+    ]
     assert offenders == [], f"these import ray outside cluster/ and train/loop.py: {offenders}"
 
 
@@ -88,7 +90,7 @@ def package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in MODULES.items():
         source = package_of(module)
-        targets = {package_of(n[len("grpo_ray."):]) for n in imported(path) if n.startswith("grpo_ray.")}
+        targets = {package_of(n[len("grpo_ray.") :]) for n in imported(path) if n.startswith("grpo_ray.")}
         targets &= {package_of(m) for m in MODULES}
         graph.setdefault(source, set()).update(targets - {source})
     return graph
@@ -102,7 +104,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt, path + [nxt])):
                 return cycle
         state[node] = 2
@@ -151,8 +153,11 @@ def test_unit_tests_import_no_ray():
     # A unit test module imports without Ray, directly or through grpo_ray modules that import it
     # at their top; a test that needs Ray running belongs in tests/integration.
     unit = PACKAGE.parent / "tests" / "unit"
-    offenders = [str(path.relative_to(unit)) for path in sorted(unit.rglob("test_*.py"))
-                 if "ray" in third_party(reachable_imports(path))]
+    offenders = [
+        str(path.relative_to(unit))
+        for path in sorted(unit.rglob("test_*.py"))
+        if "ray" in third_party(reachable_imports(path))
+    ]
     assert offenders == [], f"unit tests that import Ray: {offenders}"
 
 
@@ -165,7 +170,7 @@ def reachable_imports(path: Path) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
-        module = name[len("grpo_ray."):] if name.startswith("grpo_ray.") else None
+        module = name[len("grpo_ray.") :] if name.startswith("grpo_ray.") else None
         if module in MODULES:
             todo.extend(top_level_imports(MODULES[module]))
         elif name == "grpo_ray":
@@ -205,4 +210,3 @@ def test_the_ray_rule_sees_a_remote_call(tmp_path):
     path = tmp_path / "mod.py"
     path.write_text("import ray\nx = ray.get([a.f.remote(1)])\n")
     assert ray_uses(path) == ({"get"}, 1)
-

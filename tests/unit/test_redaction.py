@@ -5,8 +5,18 @@ from grpo_ray.tracking import redact_config
 
 def test_secret_keys_and_secret_environment_values_are_masked():
     config = {
-        "reward": {"functions": [{"name": "http", "options": {"url": "http://judge", "api_key": "sk-123",
-                                                              "headers": {"Authorization": "Bearer tok-9876"}}}]},
+        "reward": {
+            "functions": [
+                {
+                    "name": "http",
+                    "options": {
+                        "url": "http://judge",
+                        "api_key": "sk-123",
+                        "headers": {"Authorization": "Bearer tok-9876"},
+                    },
+                }
+            ]
+        },
         "model": {"path": "Qwen/Qwen3-4B"},
         "tracking": {"run_name": "hf_abcdef"},
     }

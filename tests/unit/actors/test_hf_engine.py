@@ -21,7 +21,7 @@ def engine():
 def _model_logprobs(engine, prompt, completion, temperature):
     ids = torch.tensor([list(prompt) + list(completion.token_ids)])
     logprobs, _ = sequence_logprobs(engine.model, ids, torch.ones_like(ids), temperature)
-    return logprobs[0, len(prompt):].detach().cpu().numpy()
+    return logprobs[0, len(prompt) :].detach().cpu().numpy()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -38,7 +38,9 @@ def test_sampling_logprobs_are_the_tempered_model_logprobs(engine, temperature):
 
 def test_top_k_one_draws_the_greedy_token_with_probability_one(engine):
     greedy = engine.generate(PROMPTS, SamplingSettings(samples_per_prompt=1, max_new_tokens=5, temperature=0.0))
-    top1 = engine.generate(PROMPTS, SamplingSettings(samples_per_prompt=2, max_new_tokens=5, temperature=1.3, top_k=1, seed=9))
+    top1 = engine.generate(
+        PROMPTS, SamplingSettings(samples_per_prompt=2, max_new_tokens=5, temperature=1.3, top_k=1, seed=9)
+    )
     for greedy_group, top1_group in zip(greedy, top1):
         for completion in top1_group:
             assert completion.token_ids == greedy_group[0].token_ids
@@ -57,9 +59,13 @@ def test_prompts_prefilled_once_for_their_samples_draw_what_a_prefill_per_sample
     # written out G times with one sample each is prefilled once per row: with the same seed
     # the sampler sees the same rows in the same order, so every token must agree.
     g = 4
-    shared = engine.generate(PROMPTS, SamplingSettings(samples_per_prompt=g, max_new_tokens=6, temperature=temperature, seed=5))
+    shared = engine.generate(
+        PROMPTS, SamplingSettings(samples_per_prompt=g, max_new_tokens=6, temperature=temperature, seed=5)
+    )
     repeated = [p for p in PROMPTS for _ in range(g)]
-    per_row = engine.generate(repeated, SamplingSettings(samples_per_prompt=1, max_new_tokens=6, temperature=temperature, seed=5))
+    per_row = engine.generate(
+        repeated, SamplingSettings(samples_per_prompt=1, max_new_tokens=6, temperature=temperature, seed=5)
+    )
     flat = [c for group in shared for c in group]
     assert [c.token_ids for c in flat] == [group[0].token_ids for group in per_row]
     assert len({c.token_ids for c in flat}) > len(PROMPTS), "the samples of a prompt must differ"

@@ -24,11 +24,19 @@ def _slice(prompts, completions) -> RolloutSlice:
     n = len(prompts)
     zeros = np.zeros((n, 1))
     return RolloutSlice(
-        group_ids=np.arange(n), prompt_uids=np.arange(n), input_ids=zeros.astype(np.int64),
-        attention_mask=zeros.astype(np.int64), completion_mask=zeros.astype(np.float32),
-        rollout_logprobs=zeros.astype(np.float32), prompts=list(prompts),
-        completions=list(completions), answers=[""] * n, finish_reasons=["stop"] * n,
-        row_fields={}, policy_versions=np.zeros(n, dtype=np.int64), group_diversity=np.zeros(n),
+        group_ids=np.arange(n),
+        prompt_uids=np.arange(n),
+        input_ids=zeros.astype(np.int64),
+        attention_mask=zeros.astype(np.int64),
+        completion_mask=zeros.astype(np.float32),
+        rollout_logprobs=zeros.astype(np.float32),
+        prompts=list(prompts),
+        completions=list(completions),
+        answers=[""] * n,
+        finish_reasons=["stop"] * n,
+        row_fields={},
+        policy_versions=np.zeros(n, dtype=np.int64),
+        group_diversity=np.zeros(n),
     )
 
 

@@ -30,27 +30,44 @@ def run_learners(tmp_path: Path, timeout: float = 600) -> dict[str, dict]:
     runs = {}
     for offload in ("on", "off"):
         out = tmp_path / offload
-        runs[offload] = subprocess.Popen([sys.executable, "-m", "tests.unit.actors.test_state_offload", offload, str(out)],
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         cwd=Path(__file__).resolve().parents[3])
+        runs[offload] = subprocess.Popen(
+            [sys.executable, "-m", "tests.unit.actors.test_state_offload", offload, str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).resolve().parents[3],
+        )
     results = {}
     for offload, process in runs.items():
         output, _ = process.communicate(timeout=timeout)
         assert process.returncode == 0, output[-4000:]
         out = tmp_path / offload
-        results[offload] = {"report": json.loads((out / "report.json").read_text()),
-                            "params": dict(np.load(out / "params.npz")), "resumed": dict(np.load(out / "resumed.npz"))}
+        results[offload] = {
+            "report": json.loads((out / "report.json").read_text()),
+            "params": dict(np.load(out / "params.npz")),
+            "resumed": dict(np.load(out / "resumed.npz")),
+        }
     return results
 
 
 def check_offload_trains_as_without(results: dict[str, dict], exact: bool) -> None:
     on, off = results["on"], results["off"]
     for name, value in off["params"].items():
-        np.testing.assert_allclose(on["params"][name], value, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6,
-                                   err_msg=f"{name}: the offloading learner trained otherwise")
+        np.testing.assert_allclose(
+            on["params"][name],
+            value,
+            rtol=0 if exact else 1e-5,
+            atol=0 if exact else 1e-6,
+            err_msg=f"{name}: the offloading learner trained otherwise",
+        )
         # Resumed from a checkpoint saved while the states were away: the third step's weights again.
-        np.testing.assert_allclose(on["resumed"][name], on["params"][name], rtol=0 if exact else 1e-5,
-                                   atol=0 if exact else 1e-6, err_msg=f"{name} after resume")
+        np.testing.assert_allclose(
+            on["resumed"][name],
+            on["params"][name],
+            rtol=0 if exact else 1e-5,
+            atol=0 if exact else 1e-6,
+            err_msg=f"{name} after resume",
+        )
     report = on["report"]
     # Away after every update and after a checkpoint's save or load (the load found them on the device);
     # brought back at each update's start.
@@ -77,20 +94,45 @@ def _learner(offload: bool, out: Path) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model_dir = str(ensure_tiny_artifacts().model_dir)
-    learner = LearnerWorker(LearnerSettings(
-        model_path=model_dir, tokenizer_path=model_dir, dtype="float32", seed=0, zero_stage=2,
-        micro_batch_size=4, grad_accum_steps=2, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1.0,
-        torch_threads=1, clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-        loss_aggregation="token-mean", offload_states_between_updates=offload,
-    ), rank=0, world_size=1)
+    learner = LearnerWorker(
+        LearnerSettings(
+            model_path=model_dir,
+            tokenizer_path=model_dir,
+            dtype="float32",
+            seed=0,
+            zero_stage=2,
+            micro_batch_size=4,
+            grad_accum_steps=2,
+            lr=1e-3,
+            weight_decay=0.0,
+            betas=(0.9, 0.999),
+            grad_clip=1.0,
+            torch_threads=1,
+            clip_low=0.2,
+            clip_high=0.28,
+            kl_coef=0.0,
+            kl_estimator="k3",
+            entropy_coef=0.0,
+            loss_aggregation="token-mean",
+            offload_states_between_updates=offload,
+        ),
+        rank=0,
+        world_size=1,
+    )
     learner.setup("127.0.0.1", free_port())
     batch = _batch(learner.module.config.vocab_size)
 
     def step(k: int) -> dict:
         advantages = np.roll(np.linspace(-1, 1, ROWS), k).astype(np.float32)
-        shard = LearnerShard(step=k, advantages=[advantages], row_weights=[np.ones(ROWS, np.float32)],
-                             global_tokens=float(batch.completion_mask.sum()), global_sequences=ROWS,
-                             temperature=1.0, norm_length=float(COMPLETION))
+        shard = LearnerShard(
+            step=k,
+            advantages=[advantages],
+            row_weights=[np.ones(ROWS, np.float32)],
+            global_tokens=float(batch.completion_mask.sum()),
+            global_sequences=ROWS,
+            temperature=1.0,
+            norm_length=float(COMPLETION),
+        )
         return learner.train_step(shard, batch).metrics
 
     def away() -> list[str]:

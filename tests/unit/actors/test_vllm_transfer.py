@@ -41,7 +41,8 @@ def test_trainer_send_weights_sends_named_tensors_bucket_by_bucket_with_the_rece
     child.start()
     group = BroadcastGroup.join("127.0.0.1", port, 0, 2, "gloo", 60)
     checksum, sent = vllm_transfer.BucketWeightTransferEngine.trainer_send_weights(
-        iter(named), {"group": group, "specs": specs, "buckets": buckets})
+        iter(named), {"group": group, "specs": specs, "buckets": buckets}
+    )
     received, their_checksum, their_bytes = queue.get(timeout=60)
     fetched.set()
     child.join(timeout=30)

@@ -145,7 +145,5 @@ def _random_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_vectorised_matches_loop(seed, estimator, normalize_by_std):
     rewards, group_ids = _random_batch(seed)
     expected = _reference_advantages(estimator, rewards, group_ids, normalize_by_std, eps=1e-6)
-    actual = compute_advantages(
-        estimator, rewards, group_ids, normalize_by_std=normalize_by_std, eps=1e-6
-    )
+    actual = compute_advantages(estimator, rewards, group_ids, normalize_by_std=normalize_by_std, eps=1e-6)
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)

@@ -101,8 +101,12 @@ def test_micro_batches_with_global_counts_sum_to_full_batch(seed, splits, mode):
     split_input = values.clone().requires_grad_(True)
     pieces = [
         aggregate_loss(
-            split_input[rows], mask[rows], mode,
-            norm_length=6, global_tokens=tokens, global_sequences=sequences,
+            split_input[rows],
+            mask[rows],
+            mode,
+            norm_length=6,
+            global_tokens=tokens,
+            global_sequences=sequences,
         )  # fmt: skip
         for rows in splits
     ]
@@ -120,10 +124,7 @@ def test_averaging_local_losses_would_be_wrong():
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     full = aggregate_loss(values, mask, "token-mean")
     local = [aggregate_loss(values[i : i + 1], mask[i : i + 1], "token-mean") for i in range(2)]
-    shared = [
-        aggregate_loss(values[i : i + 1], mask[i : i + 1], "token-mean", global_tokens=5)
-        for i in range(2)
-    ]
+    shared = [aggregate_loss(values[i : i + 1], mask[i : i + 1], "token-mean", global_tokens=5) for i in range(2)]
     assert_close(full, torch.tensor(1.4))
     assert_close(sum(local) / 2, torch.tensor(2.0))
     assert_close(sum(shared), full)

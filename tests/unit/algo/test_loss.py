@@ -15,6 +15,7 @@ from grpo_ray.algo import (
     truncated_is_weights,
 )
 
+
 def _ratios(values: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
     """logprobs with the given ratios against old_logprobs = 0."""
     logprobs = torch.tensor(values).log().requires_grad_(True)
@@ -57,9 +58,7 @@ def test_dual_clip():
     without = policy_gradient_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2)
     assert_close(without.per_token_loss[0, 0], torch.tensor(5.0))
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_gradient_loss(
-            logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2, dual_clip=1.0
-        )
+        policy_gradient_loss(logprobs, old, advantages, mask, clip_low=0.2, clip_high=0.2, dual_clip=1.0)
 
 
 def test_masked_positions_are_zero():
@@ -103,7 +102,9 @@ def test_behaviour_is_weights_nothing_to_reweight_is_none():
     assert behaviour_is_weights(old, old, torch.tensor([False, False]), stale_cap=2.0, tis_cap=None) is None
     # All fresh with tis_cap: exactly truncated_is_weights.
     mu = torch.full((2, 3), -1.0)
-    assert_close(behaviour_is_weights(old, mu, torch.tensor([False, False]), 2.0, 2.5), truncated_is_weights(old, mu, 2.5))
+    assert_close(
+        behaviour_is_weights(old, mu, torch.tensor([False, False]), 2.0, 2.5), truncated_is_weights(old, mu, 2.5)
+    )
 
 
 def test_mismatch_stats():
@@ -174,9 +175,7 @@ def test_grpo_loss_kl_measured_but_not_added_when_coef_zero():
     ref = torch.tensor([[-1.0, 0.0]])  # x = 1 on token 0: k3 = e^-1, mean over 2 tokens e^-1 / 2
     advantages, mask = torch.tensor([1.0]), torch.ones(1, 2)
     base = grpo_loss(logprobs, logprobs, advantages, mask, clip_low=0.2, clip_high=0.2)
-    out = grpo_loss(
-        logprobs, logprobs, advantages, mask, clip_low=0.2, clip_high=0.2, ref_logprobs=ref
-    )
+    out = grpo_loss(logprobs, logprobs, advantages, mask, clip_low=0.2, clip_high=0.2, ref_logprobs=ref)
     assert_close(out.loss, base.loss)
     assert out.metrics["actor/kl"] == pytest.approx(math.exp(-1) / 2)
     assert out.metrics["loss/kl"] == 0.0
@@ -241,8 +240,12 @@ def test_grpo_loss_micro_batches_sum_to_full_batch(mode):
     split_input = logprobs.clone().requires_grad_(True)
     summed = sum(
         grpo_loss(
-            split_input[rows], old[rows], advantages[rows], mask[rows],
-            ref_logprobs=ref[rows], **common,
+            split_input[rows],
+            old[rows],
+            advantages[rows],
+            mask[rows],
+            ref_logprobs=ref[rows],
+            **common,
         ).loss  # fmt: skip
         for rows in (slice(0, 2), slice(2, 3), slice(3, 6))
     )

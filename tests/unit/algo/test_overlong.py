@@ -20,8 +20,15 @@ def test_mask_keeps_rewards_and_zeroes_the_row_weight():
 def test_soft_penalty_is_linear_in_the_buffer():
     # max_len 20, buffer 4: no penalty up to 16 tokens; 18 tokens is half-way: 1 - 0.5 * 1.0 = 0.5;
     # 20 tokens is the full penalty: 1 - 1 = 0.
-    shaped, _ = shape_overlong_rewards(np.ones(4), np.array([10, 16, 18, 20]), np.array([False, False, False, True]),
-                                       "soft_penalty", 20, buffer=4, penalty=1.0)
+    shaped, _ = shape_overlong_rewards(
+        np.ones(4),
+        np.array([10, 16, 18, 20]),
+        np.array([False, False, False, True]),
+        "soft_penalty",
+        20,
+        buffer=4,
+        penalty=1.0,
+    )
     np.testing.assert_allclose(shaped, [1.0, 1.0, 0.5, 0.0])
 
 

@@ -23,15 +23,15 @@ def test_running_stats_merge_batches_exactly():
 def test_shaper_clips_then_normalises_over_steps_and_skips_rows_out_of_the_loss():
     shaper = RewardShaper(clip=(0.0, 1.0), normalize="running")
     # Slice 1: [2 -> 1, 0]; slice 2: [0.5, NaN (failed), 9 (weight 0: out of the stats, clipped to 1)].
-    out = shaper([np.array([2.0, 0.0]), np.array([0.5, np.nan, 9.0])],
-                 [np.ones(2), np.array([1.0, 1.0, 0.0])])
+    out = shaper([np.array([2.0, 0.0]), np.array([0.5, np.nan, 9.0])], [np.ones(2), np.array([1.0, 1.0, 0.0])])
     # Stats over 1, 0, 0.5: mean 0.5, variance (0.25 + 0.25 + 0) / 3 = 1/6.
     std = np.sqrt(1 / 6)
     np.testing.assert_allclose(out[0], [0.5 / (std + NORMALIZE_EPS), -0.5 / (std + NORMALIZE_EPS)])
     assert out[1][0] == 0.0 and np.isnan(out[1][1]) and out[1][2] == pytest.approx(0.5 / (std + NORMALIZE_EPS))
     # Two of the four finite rewards (2, 0, 0.5, 9) were outside [0, 1].
-    assert shaper.metrics() == pytest.approx({"reward/clipped_fraction": 0.5, "reward/running_mean": 0.5,
-                                              "reward/running_std": std})
+    assert shaper.metrics() == pytest.approx(
+        {"reward/clipped_fraction": 0.5, "reward/running_mean": 0.5, "reward/running_std": std}
+    )
     # The next batch [1.0] joins the stats: 1, 0, 0.5, 1 -> mean 0.625; nothing clipped this time.
     shaper([np.array([1.0])], [np.ones(1)])
     assert shaper.stats.mean == pytest.approx(0.625) and shaper.metrics()["reward/clipped_fraction"] == 0.0

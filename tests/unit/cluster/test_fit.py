@@ -24,12 +24,15 @@ def test_several_roles_short_of_cpus_are_named_together():
     roles = roles_of(rollout={"num_cpus": 4}, learner={"num_cpus": 4})
     bundles, _ = plan_bundles(roles)
     # learner 4 + rollout 4 + reward 0.25 = 8.25 CPUs
-    assert shortfalls(roles, bundles, [NodeView({"CPU": 8})]) == ["learner and rollout and reward need 8.25 CPUs, the cluster has 8"]
+    assert shortfalls(roles, bundles, [NodeView({"CPU": 8})]) == [
+        "learner and rollout and reward need 8.25 CPUs, the cluster has 8"
+    ]
 
 
 def test_custom_resources_and_labels_target_nodes():
-    roles = roles_of(learner={"resources": {"gpu_node": 1}, "num_workers": 2},
-                     rollout={"node_labels": {"pool": "rollout"}})
+    roles = roles_of(
+        learner={"resources": {"gpu_node": 1}, "num_workers": 2}, rollout={"node_labels": {"pool": "rollout"}}
+    )
     bundles, index = plan_bundles(roles)
     assert bundles[index["learner"][1]].resources == {"CPU": 1.0, "gpu_node": 1.0}
     assert bundles[index["rollout"][0]].labels == {"pool": "rollout"}
@@ -51,8 +54,11 @@ def test_a_worker_bigger_than_any_node_cannot_be_placed_even_if_the_total_is_eno
 
 
 def test_colocated_roles_share_bundles_worker_by_worker():
-    roles = roles_of(rollout={"num_workers": 2, "num_gpus": 0.5}, learner={"num_workers": 2, "num_gpus": 0.5},
-                     placement={"colocate": ["rollout", "learner"]})
+    roles = roles_of(
+        rollout={"num_workers": 2, "num_gpus": 0.5},
+        learner={"num_workers": 2, "num_gpus": 0.5},
+        placement={"colocate": ["rollout", "learner"]},
+    )
     bundles, index = plan_bundles(roles, ("rollout", "learner"))
     assert index["learner"] == index["rollout"] == [0, 1] and index["reward"] == [2]
     assert bundles[0].roles == ("learner", "rollout") and bundles[0].resources == {"CPU": 2.0, "GPU": 1.0}
@@ -60,16 +66,33 @@ def test_colocated_roles_share_bundles_worker_by_worker():
     assert shortfalls(roles, bundles, [NodeView({"CPU": 8, "GPU": 2})]) == []
 
 
-@pytest.mark.parametrize("sections, message", [
-    ({"placement": {"colocate": ["rollout", "learner"]}, "rollout": {"num_workers": 2}},
-     "placement.colocate: colocated roles share bundles worker by worker, so they need equal num_workers; got rollout 2, learner 1"),
-    ({"placement": {"colocate": ["rollout", "reference"]}},
-     "placement.colocate: reference does not run with this recipe (see `grpo-ray validate`)"),
-    ({"placement": {"colocate": ["rollout"]}}, "placement.colocate: name two or more different roles, got ['rollout']"),
-    ({"rollout": {"tensor_parallel_size": 2, "backend": "vllm", "num_gpus": 1}},
-     "rollout.num_gpus: an engine with tensor_parallel_size 2 holds that many GPUs in its worker's bundle; set rollout.num_gpus: 2"),
-    ({"rollout": {"tensor_parallel_size": 2}}, "rollout.tensor_parallel_size: tensor parallelism needs rollout.backend: vllm"),
-])
+@pytest.mark.parametrize(
+    "sections, message",
+    [
+        (
+            {"placement": {"colocate": ["rollout", "learner"]}, "rollout": {"num_workers": 2}},
+            "placement.colocate: colocated roles share bundles worker by worker, so they need equal "
+            "num_workers; got rollout 2, learner 1",
+        ),
+        (
+            {"placement": {"colocate": ["rollout", "reference"]}},
+            "placement.colocate: reference does not run with this recipe (see `grpo-ray validate`)",
+        ),
+        (
+            {"placement": {"colocate": ["rollout"]}},
+            "placement.colocate: name two or more different roles, got ['rollout']",
+        ),
+        (
+            {"rollout": {"tensor_parallel_size": 2, "backend": "vllm", "num_gpus": 1}},
+            "rollout.num_gpus: an engine with tensor_parallel_size 2 holds that many GPUs in its worker's "
+            "bundle; set rollout.num_gpus: 2",
+        ),
+        (
+            {"rollout": {"tensor_parallel_size": 2}},
+            "rollout.tensor_parallel_size: tensor parallelism needs rollout.backend: vllm",
+        ),
+    ],
+)
 def test_placement_settings_that_cannot_work_are_one_line_errors(sections, message):
     with pytest.raises(ConfigError) as err:
         check_config(config_from_dict({"model": {"path": "tiny"}, **sections}))
@@ -77,7 +100,12 @@ def test_placement_settings_that_cannot_work_are_one_line_errors(sections, messa
 
 
 def test_tensor_parallel_engines_reserve_their_gpus():
-    cfg = config_from_dict({"model": {"path": "tiny"}, "rollout": {"tensor_parallel_size": 2, "backend": "vllm", "num_gpus": 2, "num_workers": 2}})
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny"},
+            "rollout": {"tensor_parallel_size": 2, "backend": "vllm", "num_gpus": 2, "num_workers": 2},
+        }
+    )
     check_config(cfg)
     bundles, index = plan_bundles(plan_resources(cfg))
     assert [bundles[i].resources["GPU"] for i in index["rollout"]] == [2.0, 2.0]
@@ -90,14 +118,17 @@ def test_two_learner_ranks_on_one_gpu_cannot_start():
     bundles, _ = plan_bundles(roles)
     assert shortfalls(roles, bundles, [NodeView({"CPU": 16, "GPU": 1})]) == [
         "learner.num_workers 2: its ranks form one NCCL group, which needs a GPU per rank, and the cluster has 1; "
-        "set learner.num_workers to 1 or add GPUs"]
+        "set learner.num_workers to 1 or add GPUs"
+    ]
 
 
 def test_fractional_learner_gpus_may_share_one_even_where_there_are_enough():
     roles = roles_of(learner={"num_workers": 2, "num_gpus": 0.5}, rollout={"num_gpus": 0.5})
     bundles, _ = plan_bundles(roles)
     (line,) = shortfalls(roles, bundles, [NODE_8_CPU_4_GPU])
-    assert line.startswith("learner.num_gpus 0.5 with learner.num_workers 2: Ray may place two ranks of one NCCL group on one GPU")
+    assert line.startswith(
+        "learner.num_gpus 0.5 with learner.num_workers 2: Ray may place two ranks of one NCCL group on one GPU"
+    )
     # Colocated with a rollout worker, each pair takes a whole GPU of its own: it starts.
     together, _ = plan_bundles(roles, ("learner", "rollout"))
     assert shortfalls(roles, together, [NODE_8_CPU_4_GPU]) == []

@@ -29,10 +29,18 @@ class FakeInstrument:
 
 def _step_metrics() -> dict[str, float]:
     return {
-        "timing/rollout": 2.0, "timing/reward": 0.5, "timing/advantages": 0.01, "timing/update": 3.0,
-        "timing/sync": 0.25, "timing/step": 6.0,
-        "throughput/completion_tokens_per_s": 400.0, "throughput/learner_tokens_per_s": 900.0,
-        "reward/mean": 0.375, "reward/failed": 2.0, "sync/seconds": 0.25, "sync/gbytes_per_s": 1.5,
+        "timing/rollout": 2.0,
+        "timing/reward": 0.5,
+        "timing/advantages": 0.01,
+        "timing/update": 3.0,
+        "timing/sync": 0.25,
+        "timing/step": 6.0,
+        "throughput/completion_tokens_per_s": 400.0,
+        "throughput/learner_tokens_per_s": 900.0,
+        "reward/mean": 0.375,
+        "reward/failed": 2.0,
+        "sync/seconds": 0.25,
+        "sync/gbytes_per_s": 1.5,
         "actor/loss": 0.1,  # not exported
     }
 
@@ -60,8 +68,10 @@ def test_one_step_sets_every_metric_from_its_key():
     assert calls["grpo_ray_policy_staleness"] == [("set", 0.0, run)]
     # One series per phase the step timed (no reference model here, so no "reference").
     assert calls["grpo_ray_phase_seconds"] == [
-        ("set", 2.0, {**run, "phase": "rollout"}), ("set", 0.5, {**run, "phase": "reward"}),
-        ("set", 0.01, {**run, "phase": "advantages"}), ("set", 3.0, {**run, "phase": "update"}),
+        ("set", 2.0, {**run, "phase": "rollout"}),
+        ("set", 0.5, {**run, "phase": "reward"}),
+        ("set", 0.01, {**run, "phase": "advantages"}),
+        ("set", 3.0, {**run, "phase": "update"}),
         ("set", 0.25, {**run, "phase": "sync"}),
     ]
 
@@ -123,8 +133,21 @@ def test_names_are_prometheus_safe_and_unique():
 
 # -- the dashboard ---------------------------------------------------------------------------------
 
-_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-                 "offset", "inf", "nan"}
+_PROMQL_WORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def promql_metric_names(expr: str) -> set[str]:
@@ -137,7 +160,7 @@ def promql_metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\b\d+(?:\.\d*)?(?:e[+-]?\d+)?\b", "", expr)  # numbers (1e9)
     names = set()
     for match in re.finditer(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr):
-        followed_by_call = re.match(r"\s*\(", expr[match.end():])
+        followed_by_call = re.match(r"\s*\(", expr[match.end() :])
         if not followed_by_call and match.group() not in _PROMQL_WORDS:
             names.add(match.group())
     return names
@@ -156,12 +179,17 @@ def dashboard_queries(dashboard: dict) -> list[str]:
     return exprs
 
 
-@pytest.mark.parametrize(("expr", "names"), [
-    ('sum by (run) (rate(ray_grpo_ray_completions_total{run=~"$run"}[$__rate_interval]))',
-     {"ray_grpo_ray_completions_total"}),
-    ("max by (run) (ray_a{x=\"y\"} * 1e9) / on(instance) ray_b", {"ray_a", "ray_b"}),
-    ("histogram_quantile(0.9, sum(rate(ray_c_bucket[5m])) by (le))", {"ray_c_bucket"}),
-])
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        (
+            'sum by (run) (rate(ray_grpo_ray_completions_total{run=~"$run"}[$__rate_interval]))',
+            {"ray_grpo_ray_completions_total"},
+        ),
+        ('max by (run) (ray_a{x="y"} * 1e9) / on(instance) ray_b', {"ray_a", "ray_b"}),
+        ("histogram_quantile(0.9, sum(rate(ray_c_bucket[5m])) by (le))", {"ray_c_bucket"}),
+    ],
+)
 def test_promql_metric_names(expr, names):
     assert promql_metric_names(expr) == names
 

@@ -67,7 +67,18 @@ def test_drops_the_easy_records_of_both_files_in_order(tmp_path, data_files, led
 
 def test_threshold_option(tmp_path, data_files, ledger_file):
     out = tmp_path / "kept.jsonl"
-    result = drop_easy("--ledger", ledger_file, "--data", data_files[0], "--data", data_files[1], "--output", str(out), "--threshold", "0.4")
+    result = drop_easy(
+        "--ledger",
+        ledger_file,
+        "--data",
+        data_files[0],
+        "--data",
+        data_files[1],
+        "--output",
+        str(out),
+        "--threshold",
+        "0.4",
+    )
     assert result.exit_code == 0, result.output
     # Above 0.4: uids 0 (1.0), 2 (0.9), 3 (0.5), 5 (0.95).
     assert read_jsonl(out) == [FIRST_FILE[1], SECOND_FILE[0], SECOND_FILE[2]]
@@ -83,7 +94,10 @@ def one_line_error(result):
 def test_missing_ledger(tmp_path, data_files):
     missing = tmp_path / "nope.jsonl"
     result = drop_easy("--ledger", str(missing), "--data", data_files[0], "--output", str(tmp_path / "out.jsonl"))
-    assert one_line_error(result) == f"error: --ledger: {missing} does not exist; give the prompt ledger the training run saved"
+    assert (
+        one_line_error(result)
+        == f"error: --ledger: {missing} does not exist; give the prompt ledger the training run saved"
+    )
     assert not (tmp_path / "out.jsonl").exists()
 
 
@@ -123,5 +137,7 @@ def test_missing_data_file_and_bad_threshold(tmp_path, ledger_file, data_files):
     missing = tmp_path / "missing.jsonl"
     result = drop_easy("--ledger", ledger_file, "--data", str(missing), "--output", str(tmp_path / "out.jsonl"))
     assert one_line_error(result).startswith(f"error: --data: {missing} does not exist")
-    result = drop_easy("--ledger", ledger_file, "--data", data_files[0], "--output", str(tmp_path / "out.jsonl"), "--threshold", "1.5")
+    result = drop_easy(
+        "--ledger", ledger_file, "--data", data_files[0], "--output", str(tmp_path / "out.jsonl"), "--threshold", "1.5"
+    )
     assert one_line_error(result).startswith("error: --threshold 1.5: must be in [0, 1]")

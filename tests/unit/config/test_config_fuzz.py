@@ -57,9 +57,7 @@ def _schema_paths(model: type[BaseModel], prefix: tuple[Any, ...] = ()) -> list[
 SCHEMA_PATHS = _schema_paths(Config)
 FIELD_NAMES = sorted({part for path in SCHEMA_PATHS for part in path if isinstance(part, str)})
 # Index 0 stands for any item: what error messages may name, with item indices 0-19.
-SCHEMA_NAMES = {
-    ".".join(str(i) if part == 0 else part for part in path) for path in SCHEMA_PATHS for i in range(20)
-}
+SCHEMA_NAMES = {".".join(str(i) if part == 0 else part for part in path) for path in SCHEMA_PATHS for i in range(20)}
 
 DEFAULT = config_to_dict(Config())
 # Stages replace train.steps, so the staged recipe drops it.
@@ -81,7 +79,9 @@ scalars = st.one_of(
 )
 keys = st.one_of(st.text(max_size=10), st.sampled_from(FIELD_NAMES), st.integers(), st.booleans(), st.none())
 trees = st.recursive(
-    scalars, lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4), max_leaves=16
+    scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
+    max_leaves=16,
 )
 # Trees whose top level names real sections and fields, so validation gets past the first level.
 named_keys = st.sampled_from(FIELD_NAMES) | keys
@@ -223,8 +223,27 @@ dotted_keys = st.one_of(
 yaml_values = st.one_of(
     st.text(max_size=20),
     st.sampled_from(
-        ["1", "-1", "0", "true", "null", "", "[a, b]", "{a: 1}", "1e400", ".nan", "2001-02-30", "!!int x",
-         "!!timestamp x", "[[[[", "'", "a: b: c", "- 1\n- 2", "*alias", "!!python/name:os.system"]
+        [
+            "1",
+            "-1",
+            "0",
+            "true",
+            "null",
+            "",
+            "[a, b]",
+            "{a: 1}",
+            "1e400",
+            ".nan",
+            "2001-02-30",
+            "!!int x",
+            "!!timestamp x",
+            "[[[[",
+            "'",
+            "a: b: c",
+            "- 1\n- 2",
+            "*alias",
+            "!!python/name:os.system",
+        ]
     ),
 )
 overrides = st.one_of(
@@ -234,7 +253,10 @@ overrides = st.one_of(
     st.builds(lambda value: " =" + value, yaml_values),
     # Deeper than a leaf: through a non-section (seed.x=1, stages.0.name=a through a list).
     st.builds(
-        lambda key, tail, value: f"{key}.{tail}={value}", st.sampled_from(sorted(SCHEMA_NAMES)), dotted_keys, yaml_values
+        lambda key, tail, value: f"{key}.{tail}={value}",
+        st.sampled_from(sorted(SCHEMA_NAMES)),
+        dotted_keys,
+        yaml_values,
     ),
 )
 
@@ -255,9 +277,47 @@ def test_random_overrides(given_overrides):
 
 yamlish = st.lists(
     st.sampled_from(
-        ["seed:", "model:", "train:", "  steps:", " path: x", "\n", "  ", "- ", "[", "]", "{", "}", ":", ",", "1",
-         "-1", ".nan", "!!int", "!!float", "!!timestamp", "!!binary", "!!python/tuple", "2001-02-30", "&a", "*a",
-         "<<:", "? ", "'", '"', "#", "%YAML 1.1\n", "---\n", "...\n", "\t", "|", ">", "\ufeff", "\x00", "é"]
+        [
+            "seed:",
+            "model:",
+            "train:",
+            "  steps:",
+            " path: x",
+            "\n",
+            "  ",
+            "- ",
+            "[",
+            "]",
+            "{",
+            "}",
+            ":",
+            ",",
+            "1",
+            "-1",
+            ".nan",
+            "!!int",
+            "!!float",
+            "!!timestamp",
+            "!!binary",
+            "!!python/tuple",
+            "2001-02-30",
+            "&a",
+            "*a",
+            "<<:",
+            "? ",
+            "'",
+            '"',
+            "#",
+            "%YAML 1.1\n",
+            "---\n",
+            "...\n",
+            "\t",
+            "|",
+            ">",
+            "\ufeff",
+            "\x00",
+            "é",
+        ]
     ),
     max_size=30,
 ).map("".join)

@@ -82,16 +82,30 @@ TWO_STAGES = [{"name": "a", "steps": 1}, {"name": "b", "steps": 1, "max_new_toke
         # Stage b completes in at most 64 tokens: a 100-token buffer does not fit (rollout's 256 would).
         (
             {"algorithm": {"overlong": "soft_penalty", "overlong_buffer": 100}, "stages": TWO_STAGES},
-            "algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= max_new_tokens of every stage (64), got 100",
+            "algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer <= max_new_tokens of every stage "
+            "(64), got 100",
         ),
         # A zero buffer has no penalty ramp at all.
-        ({"algorithm": {"overlong": "soft_penalty"}}, "algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer"),
+        (
+            {"algorithm": {"overlong": "soft_penalty"}},
+            "algorithm.overlong_buffer: soft_penalty needs 0 < overlong_buffer",
+        ),
         # vLLM refuses a temperature above 2 in every request; said before any actor starts.
-        ({"rollout": {"backend": "vllm", "temperature": 2.5}}, "rollout.temperature: vLLM samples at temperature 2 at most"),
-        ({"rollout": {"backend": "vllm"}, "train": {"eval_temperature": 3.0}},
-         "train.eval_temperature: vLLM samples at temperature 2 at most"),
-        ({"rollout": {"backend": "vllm"}, "stages": [{"name": "a", "steps": 1}, {"name": "hot", "steps": 1, "temperature": 2.2}]},
-         "stages.1.temperature: vLLM samples at temperature 2 at most"),
+        (
+            {"rollout": {"backend": "vllm", "temperature": 2.5}},
+            "rollout.temperature: vLLM samples at temperature 2 at most",
+        ),
+        (
+            {"rollout": {"backend": "vllm"}, "train": {"eval_temperature": 3.0}},
+            "train.eval_temperature: vLLM samples at temperature 2 at most",
+        ),
+        (
+            {
+                "rollout": {"backend": "vllm"},
+                "stages": [{"name": "a", "steps": 1}, {"name": "hot", "steps": 1, "temperature": 2.2}],
+            },
+            "stages.1.temperature: vLLM samples at temperature 2 at most",
+        ),
     ],
 )
 def test_cross_field_errors_are_one_line_naming_the_field(raw, start):

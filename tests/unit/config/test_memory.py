@@ -91,7 +91,9 @@ def test_validate_warns_when_a_role_exceeds_the_gpu():
     runner = CliRunner()
     roomy = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")])
     assert roomy.exit_code == 0 and "warning" not in roomy.output
-    assert re.search(r"learner +weights 5\.75 GiB +gradients 5\.75 GiB +optimizer 34\.49 GiB .*total 45\.98 GiB", roomy.output)
+    assert re.search(
+        r"learner +weights 5\.75 GiB +gradients 5\.75 GiB +optimizer 34\.49 GiB .*total 45\.98 GiB", roomy.output
+    )
     # The 7B reference in bf16: 2 x 7,615,616,512 B = 14.19 GiB.
     assert re.search(r"reference +weights 14\.19 GiB", roomy.output)
     small = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--gpu-memory-gb", "40"])
@@ -100,7 +102,8 @@ def test_validate_warns_when_a_role_exceeds_the_gpu():
 
 
 def test_colocated_roles_are_added_up():
-    # gsm8k-lora-zero2: learner 2.89 GiB (the adapter's Adam state offloaded) + hf rollout 2.89 GiB on each 8 GB GPU fits; on 4 it does not.
+    # gsm8k-lora-zero2: learner 2.89 GiB (the adapter's Adam state offloaded) + hf rollout 2.89 GiB on
+    # each 8 GB GPU fits; on 4 it does not.
     cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml")
     assert memory_plan(cfg, 8)[1] == []
     [warning] = memory_plan(cfg, 4)[1]
@@ -120,8 +123,10 @@ def test_gib_is_two_to_the_thirty():
 @pytest.mark.parametrize("level", [0, 1])
 def test_a_shared_gpu_shows_both_phases_and_what_sleeping_frees(level):
     # gsm8k-lora-zero2's learner holds 2.89 GiB per rank (above); a vLLM engine beside it at 0.4 of 80 GiB holds 32.
-    cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml", ["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.4",
-                                                             f"rollout.vllm.sleep_level={level}"])
+    cfg = load_config(
+        CONFIGS / "gsm8k-lora-zero2.yaml",
+        ["rollout.backend=vllm", "rollout.vllm.gpu_memory_utilization=0.4", f"rollout.vllm.sleep_level={level}"],
+    )
     lines, warnings = memory_plan(cfg, 80)
     assert warnings == []
     [phases] = [line for line in lines if line.startswith("one GPU in two phases")]
@@ -139,11 +144,16 @@ def test_fractions_of_one_gpu_share_it_with_the_reference_beside_the_learner():
     # configs/gsm8k.yaml: learner 0.4, rollout 0.4, reference 0.2 of one GPU. Learner 7.36 GiB and the
     # reference's 0.92 stay through both phases; vLLM holds 0.3 x 80 = 24 GiB awake.
     lines, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml"), 80)
-    [phases, advice] = [line for line in lines if line.startswith(("one GPU in two phases", "with rollout.vllm.sleep_level"))]
+    [phases, advice] = [
+        line for line in lines if line.startswith(("one GPU in two phases", "with rollout.vllm.sleep_level"))
+    ]
     assert "rollout: learner and reference 8.28 GiB + vLLM 24.00 GiB = 32.28 GiB" in phases
     assert phases.endswith("(awake), 47.72 GiB left for activations")
     # Asleep the update would have 80 - 8.28; vLLM could take (80 - 8.28 - 2) / 80 = 0.87.
-    assert advice == "with rollout.vllm.sleep_level 1 the update would have 71.72 GiB for activations, or vLLM up to gpu_memory_utilization 0.87"
+    assert advice == (
+        "with rollout.vllm.sleep_level 1 the update would have 71.72 GiB for activations, "
+        "or vLLM up to gpu_memory_utilization 0.87"
+    )
 
 
 def test_moments_and_gradients_are_what_the_offload_between_updates_moves():
@@ -163,10 +173,14 @@ def test_the_offload_between_updates_lets_vllm_take_the_moments_and_gradients_ro
     overrides = ["rollout.vllm.sleep_level=1", "learner.zero_stage=2", "learner.offload_states_between_updates=true"]
     lines, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml", overrides), 80)
     [phases, advice] = [line for line in lines if line.startswith(("one GPU in two phases", "vLLM may take"))]
-    assert "rollout: learner and reference 3.68 GiB (4.60 GiB of moments and gradients in host memory) + vLLM 24.00 GiB" in phases
+    assert (
+        "rollout: learner and reference 3.68 GiB (4.60 GiB of moments and gradients in host memory) + vLLM 24.00 GiB"
+        in phases
+    )
     assert "update: learner and reference 8.28 GiB + vLLM 0.00 GiB (asleep" in phases
     # (80 - 3.68 - 2) / 80 = 0.93, where it stays 0.87 without the offload.
-    assert advice.startswith("vLLM may take up to gpu_memory_utilization 0.93 (the GPU less the learner and reference's 3.68 GiB")
+    assert advice.startswith(
+        "vLLM may take up to gpu_memory_utilization 0.93 (the GPU less the learner and reference's 3.68 GiB"
+    )
     without, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml", overrides[:2]), 80)
     assert any(line.startswith("vLLM may take up to gpu_memory_utilization 0.87") for line in without)
-

@@ -10,7 +10,9 @@ STAGE = StagePlan(name="s", steps=10, first_step=1, max_new_tokens=5, temperatur
 
 
 def _cfg(max_staleness: int, checkpoint_every: int = 0):
-    return config_from_dict({"rollout": {"max_staleness": max_staleness}, "train": {"steps": 10, "checkpoint_every": checkpoint_every}})
+    return config_from_dict(
+        {"rollout": {"max_staleness": max_staleness}, "train": {"steps": 10, "checkpoint_every": checkpoint_every}}
+    )
 
 
 def test_on_policy_never_prefetches():
@@ -30,7 +32,9 @@ def test_never_past_a_checkpoint(step, room):
 
 
 def test_a_later_stage_counts_from_its_first_step():
-    stage = StagePlan(name="t", steps=5, first_step=11, max_new_tokens=5, temperature=1.0, top_p=1.0, eval_temperature=0.0)
+    stage = StagePlan(
+        name="t", steps=5, first_step=11, max_new_tokens=5, temperature=1.0, top_p=1.0, eval_temperature=0.0
+    )
     assert prefetch_room(_cfg(1), stage, step=14, pending=0) == 1
     assert prefetch_room(_cfg(1), stage, step=15, pending=0) == 0
 

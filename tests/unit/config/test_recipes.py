@@ -35,8 +35,15 @@ def total_gpus(cfg) -> float:
 
 
 def test_the_expected_recipes_are_shipped():
-    assert {"tiny.yaml", "polaris.yaml", "polaris-7b.yaml", "gsm8k.yaml", "gsm8k-lora-zero2.yaml", "gsm8k-ref7b.yaml",
-            "tldr.yaml"} <= {p.name for p in RECIPES}
+    assert {
+        "tiny.yaml",
+        "polaris.yaml",
+        "polaris-7b.yaml",
+        "gsm8k.yaml",
+        "gsm8k-lora-zero2.yaml",
+        "gsm8k-ref7b.yaml",
+        "tldr.yaml",
+    } <= {p.name for p in RECIPES}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=recipe_id)
@@ -201,10 +208,15 @@ def test_gsm8k_lora_zero2_warms_up_decays_and_offloads_the_optimizer():
     cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml")
     ln = cfg.learner
     assert (ln.lr_schedule, ln.warmup_steps, ln.offload_optimizer) == ("linear", 100, "cpu")
+
     # The memory plan counts the offload: the adapter's Adam state (12 of its 16 bytes a parameter in
     # fp16) leaves the GPU, 0.06 -> 0.02 GiB for r16 on q/k/v/o of the 1.5B model.
     def lora_gib(*extra):
-        shown = CliRunner().invoke(main, ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", *extra]).output
+        shown = (
+            CliRunner()
+            .invoke(main, ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", *extra])
+            .output
+        )
         return float(re.search(r"learner +weights .* LoRA ([0-9.]+) GiB", shown).group(1))
 
     assert lora_gib() == 0.02 and lora_gib("--set", "learner.offload_optimizer=null") == 0.06

@@ -36,7 +36,11 @@ def test_stream_resumes_from_its_state():
 
 def test_generic_jsonl_rows_and_skips(tmp_path):
     path = tmp_path / "rows.jsonl"
-    lines = [{"question": "1+1?", "answer": 2}, {"question": "", "answer": "x"}, {"prompt": "p", "solution": "s", "extra": 5}]
+    lines = [
+        {"question": "1+1?", "answer": 2},
+        {"question": "", "answer": "x"},
+        {"prompt": "p", "solution": "s", "extra": 5},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines))
     rows, skipped = load_rows(str(path))
     assert [(r.prompt, r.answer) for r in rows] == [("1+1?", "2"), ("p", "s")]

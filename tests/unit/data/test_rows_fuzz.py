@@ -71,9 +71,7 @@ def chat_lists(values):
 def records(values, difficulty_values):
     """One record of each recognised shape, each field possibly missing, plus arbitrary extra fields."""
     gsm8k_answer = st.builds(lambda text, final: f"{text}\n#### {final}", short_text | long_text, values)
-    polaris = st.fixed_dictionaries(
-        {}, optional={"problem": values, "answer": values, "difficulty": difficulty_values}
-    )
+    polaris = st.fixed_dictionaries({}, optional={"problem": values, "answer": values, "difficulty": difficulty_values})
     gsm8k = st.fixed_dictionaries({}, optional={"question": values, "answer": gsm8k_answer | values})
     verl = st.fixed_dictionaries(
         {},

@@ -18,8 +18,12 @@ def test_instruction_is_appended_once():
 
 
 def test_difficulty_band_keeps_rows_in_band_and_counts_the_rest():
-    data = [Row("a", "1", {"difficulty": "2/8"}), Row("b", "2", {"difficulty": "7/8"}), Row("c", "3", {}),
-            Row("d", "4", {"difficulty_frac": 0.5})]
+    data = [
+        Row("a", "1", {"difficulty": "2/8"}),
+        Row("b", "2", {"difficulty": "7/8"}),
+        Row("c", "3", {}),
+        Row("d", "4", {"difficulty_frac": 0.5}),
+    ]
     # 2/8 = 0.25 and 0.5 are inside [0.2, 0.6]; 7/8 is outside; no difficulty is dropped.
     kept, dropped = in_difficulty_band(data, (0.2, 0.6))
     assert [r.prompt for r in kept] == ["a", "d"] and dropped == 2

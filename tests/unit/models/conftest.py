@@ -13,7 +13,12 @@ def qwen2_vocab_model():
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=QWEN2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+        vocab_size=QWEN2_VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config).float()

@@ -110,12 +110,20 @@ def test_tiny_model_tied_head_sequence_and_shared_prompt_paths_agree():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
     ids, mask, completion = _rows()
     seen = _lm_head_positions(model)
-    _compare_paths(model, lambda chunk: sequence_logprobs(
-        model, ids, mask, 0.7, with_entropy=True, entropy_grad=True, from_column=2, chunk_tokens=chunk))
+    _compare_paths(
+        model,
+        lambda chunk: sequence_logprobs(
+            model, ids, mask, 0.7, with_entropy=True, entropy_grad=True, from_column=2, chunk_tokens=chunk
+        ),
+    )
     # The full path keeps T - from_column + 1 = 5 positions; the chunked one asks the head for 1.
     assert seen == [5, 1]
-    _compare_paths(model, lambda chunk: completion_logprobs(
-        model, ids, mask, completion, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk))
+    _compare_paths(
+        model,
+        lambda chunk: completion_logprobs(
+            model, ids, mask, completion, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk
+        ),
+    )
 
 
 def test_entropy_is_a_metric_unless_asked_on_the_chunked_path():
@@ -138,8 +146,12 @@ def test_qwen2_vocabulary_model_agrees(qwen2_vocab_model):
     completion = torch.zeros(ids.shape)
     completion[:, 3:] = 1
     completion *= mask
-    _compare_paths(model, lambda chunk: completion_logprobs(
-        model, ids, mask, completion, 0.9, with_entropy=True, entropy_grad=True, chunk_tokens=chunk))
+    _compare_paths(
+        model,
+        lambda chunk: completion_logprobs(
+            model, ids, mask, completion, 0.9, with_entropy=True, entropy_grad=True, chunk_tokens=chunk
+        ),
+    )
 
 
 def test_heads_other_than_a_plain_linear_take_the_full_path(qwen2_vocab_model):
@@ -159,8 +171,12 @@ def test_heads_other_than_a_plain_linear_take_the_full_path(qwen2_vocab_model):
     )
     # LoRA elsewhere keeps the plain head, and the adapter's layers run inside the decoder.
     lora_attention = get_peft_model(
-        load_causal_lm(str(ensure_tiny_artifacts().model_dir)), LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+        load_causal_lm(str(ensure_tiny_artifacts().model_dir)),
+        LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
     )
     assert plain_lm_head(lora_attention) is not None
-    _compare_paths(lora_attention, lambda chunk: sequence_logprobs(
-        lora_attention, ids, mask, with_entropy=True, chunk_tokens=chunk), entropy_grad=False)
+    _compare_paths(
+        lora_attention,
+        lambda chunk: sequence_logprobs(lora_attention, ids, mask, with_entropy=True, chunk_tokens=chunk),
+        entropy_grad=False,
+    )

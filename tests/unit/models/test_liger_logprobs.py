@@ -25,10 +25,18 @@ QWEN2_VOCAB = 151_936
 LR = 1e-4
 
 
-@pytest.mark.parametrize("version, refused", [
-    (None, "not installed"), ("0.8.1", "older than 0.8.2"), ("0.6.5", "older"), ("0.8.2", None), ("0.8.5", None),
-    ("0.10.0", None), ("1.0.0.dev3", None),
-])
+@pytest.mark.parametrize(
+    "version, refused",
+    [
+        (None, "not installed"),
+        ("0.8.1", "older than 0.8.2"),
+        ("0.6.5", "older"),
+        ("0.8.2", None),
+        ("0.8.5", None),
+        ("0.10.0", None),
+        ("1.0.0.dev3", None),
+    ],
+)
 def test_liger_versions_without_right_per_token_gradients_are_refused(version, refused):
     problem = liger_version_problem(version)
     assert (problem is None) if refused is None else (refused in problem)
@@ -39,7 +47,8 @@ def test_on_a_cpu_the_torch_path_runs_and_says_so(capsys, monkeypatch):
     model = load_causal_lm(str(ensure_tiny_artifacts().model_dir))
     assert chosen_logprob_kernel("liger", model, say=True) == "torch"
     assert capsys.readouterr().out.strip() == (
-        "learner.logprob_kernel: liger runs on CUDA devices, and this model is on cpu: log-probs take the torch path")
+        "learner.logprob_kernel: liger runs on CUDA devices, and this model is on cpu: log-probs take the torch path"
+    )
     assert chosen_logprob_kernel("torch", model, say=True) == "torch"
     assert capsys.readouterr().out == ""
 
@@ -57,8 +66,14 @@ def _interpreted(*args, timeout=600) -> str:
     """This file's __main__ in a child with Triton's interpreter on; its stdout."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     # As a module of the tests' namespace package, so that it imports test_packing's rows.
-    done = subprocess.run([sys.executable, "-m", "tests.unit.models.test_liger_logprobs", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[3])
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.unit.models.test_liger_logprobs", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -78,8 +93,9 @@ def test_a_learner_step_with_liger_equals_the_torch_step(tmp_path):
     assert metrics["liger"]["loss/total"] == pytest.approx(metrics["torch"]["loss/total"], rel=1e-5, abs=1e-7)
     # AdamW's first step moves each weight by ~lr * sign(gradient): equal gradients, equal steps.
     diffs = np.concatenate([np.abs(after["liger"][name] - after["torch"][name]).ravel() for name in after["torch"]])
-    moved = np.concatenate([np.abs(after["torch"][name] - metrics["torch"]["before"][name]).ravel()
-                            for name in ("model.norm.weight",)])
+    moved = np.concatenate(
+        [np.abs(after["torch"][name] - metrics["torch"]["before"][name]).ravel() for name in ("model.norm.weight",)]
+    )
     assert moved.max() > 0.5 * LR, "the step must move the weights for the comparison to mean anything"
     assert diffs.max() <= 2.5 * LR and (diffs < 0.05 * LR).mean() > 0.999, f"worst {diffs.max():.2e}"
 
@@ -136,7 +152,8 @@ def _model_level(model, rows, vocab_offset):
         results = {}
         for kernel in ("torch", "liger"):
             logprobs, entropy = micro_batch_logprobs(
-                model, ids, mask, completion, 0.8, packing=packing, share_prompts=share, chunk_tokens=4, kernel=kernel)
+                model, ids, mask, completion, 0.8, packing=packing, share_prompts=share, chunk_tokens=4, kernel=kernel
+            )
             assert entropy is None
             (logprobs * completion * torch.linspace(-1, 1, width)).sum().backward()
             results[kernel] = (logprobs * completion, _grads(model))
@@ -162,24 +179,58 @@ def _learner_step(kernel: str, out: str):
     completion = np.zeros(attention.shape, np.float32)
     completion[:, prompt:] = attention[:, prompt:]
     batch = RolloutSlice(
-        group_ids=np.arange(rows) // 4, prompt_uids=np.arange(rows) // 4,
+        group_ids=np.arange(rows) // 4,
+        prompt_uids=np.arange(rows) // 4,
         input_ids=rng.integers(1, 50, attention.shape).astype(np.int64) * attention,
-        attention_mask=attention, completion_mask=completion,
+        attention_mask=attention,
+        completion_mask=completion,
         rollout_logprobs=(-rng.random(attention.shape) * completion).astype(np.float32),
-        prompts=[""] * rows, completions=[""] * rows, answers=[""] * rows, finish_reasons=["stop"] * rows,
-        row_fields={}, policy_versions=np.zeros(rows, np.int64), group_diversity=np.full(rows, np.nan),
+        prompts=[""] * rows,
+        completions=[""] * rows,
+        answers=[""] * rows,
+        finish_reasons=["stop"] * rows,
+        row_fields={},
+        policy_versions=np.zeros(rows, np.int64),
+        group_diversity=np.full(rows, np.nan),
     )
     advantages = np.linspace(-1, 1, rows).astype(np.float32)
-    shard = LearnerShard(step=1, advantages=[advantages], row_weights=[np.ones(rows, np.float32)],
-                         global_tokens=float(completion.sum()), global_sequences=rows, temperature=0.9,
-                         norm_length=float(completion_len))
+    shard = LearnerShard(
+        step=1,
+        advantages=[advantages],
+        row_weights=[np.ones(rows, np.float32)],
+        global_tokens=float(completion.sum()),
+        global_sequences=rows,
+        temperature=0.9,
+        norm_length=float(completion_len),
+    )
     model_dir = str(ensure_tiny_artifacts().model_dir)
-    learner = LearnerWorker(LearnerSettings(
-        model_path=model_dir, tokenizer_path=model_dir, dtype="float32", seed=0, zero_stage=0,
-        micro_batch_size=4, grad_accum_steps=2, lr=LR, weight_decay=0.0, betas=(0.9, 0.999), grad_clip=1e9,
-        torch_threads=1, clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_estimator="k3", entropy_coef=0.0,
-        loss_aggregation="token-mean", logprob_chunk_tokens=16, packing=True, logprob_kernel=kernel,
-    ), rank=0, world_size=1)
+    learner = LearnerWorker(
+        LearnerSettings(
+            model_path=model_dir,
+            tokenizer_path=model_dir,
+            dtype="float32",
+            seed=0,
+            zero_stage=0,
+            micro_batch_size=4,
+            grad_accum_steps=2,
+            lr=LR,
+            weight_decay=0.0,
+            betas=(0.9, 0.999),
+            grad_clip=1e9,
+            torch_threads=1,
+            clip_low=0.2,
+            clip_high=0.28,
+            kl_coef=0.0,
+            kl_estimator="k3",
+            entropy_coef=0.0,
+            loss_aggregation="token-mean",
+            logprob_chunk_tokens=16,
+            packing=True,
+            logprob_kernel=kernel,
+        ),
+        rank=0,
+        world_size=1,
+    )
     learner.setup("127.0.0.1", free_port())
     assert learner.logprob_kernel == kernel
     before = learner.parameters_snapshot()["model.norm.weight"]
@@ -196,9 +247,17 @@ def _interpreted_checks():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    qwen2_vocab = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=QWEN2_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False)).float()
+    qwen2_vocab = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=QWEN2_VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+        )
+    ).float()
     _model_level(qwen2_vocab, rows, 150_000)
     print("interpreted checks passed: 3")
 

@@ -40,11 +40,13 @@ def _grads(model):
 def _compare(model, ids, mask, completion, chunk_tokens):
     """Padded vs packed: values at completion tokens, and the gradients of a loss over both."""
     padded, padded_entropy = sequence_logprobs(
-        model, ids, mask, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens)
+        model, ids, mask, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens
+    )
     ((padded * completion).sum() + 0.1 * (padded_entropy * completion).sum()).backward()
     expected = _grads(model)
     packed, packed_entropy = packed_completion_logprobs(
-        model, ids, mask, completion, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens)
+        model, ids, mask, completion, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens
+    )
     assert packed.shape == ids.shape and packed_entropy.shape == ids.shape
     # Outside the completions: zero (out of every loss).
     assert not (packed * (1 - completion)).any()

@@ -25,8 +25,9 @@ def test_quantization_without_lora_is_refused():
 
 def test_quantization_sends_the_adapter_only():
     with pytest.raises(ConfigError, match=r"^weight_sync.lora_adapter_only: "):
-        config_from_dict({"model": {"quantization": "8bit", "lora": {"enabled": True}},
-                          "weight_sync": {"lora_adapter_only": False}})
+        config_from_dict(
+            {"model": {"quantization": "8bit", "lora": {"enabled": True}}, "weight_sync": {"lora_adapter_only": False}}
+        )
 
 
 def test_unknown_kind_is_refused_naming_the_field():

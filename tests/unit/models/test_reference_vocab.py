@@ -38,10 +38,12 @@ def test_same_tokenizer_other_weights_passes(other_tiny):
 @pytest.mark.skipif(not QWEN2_TOKENIZER.is_dir(), reason="the shared Qwen2 tokenizer is not on this machine")
 def test_another_familys_tokenizer_is_refused_at_start_in_one_line(other_tiny):
     # Loading the 151K-token Qwen2 tokenizer costs seconds here: one run start, checked whole.
-    cfg = config_from_dict({
-        "algorithm": {"kl_coef": 0.1},
-        "reference": {"model_path": other_tiny, "tokenizer": str(QWEN2_TOKENIZER)},
-    })
+    cfg = config_from_dict(
+        {
+            "algorithm": {"kl_coef": 0.1},
+            "reference": {"model_path": other_tiny, "tokenizer": str(QWEN2_TOKENIZER)},
+        }
+    )
     with pytest.raises(ModelLoadError) as error:
         prepare_inputs(cfg)
     message = str(error.value)
@@ -61,9 +63,18 @@ def test_the_reference_actor_serves_the_other_model(other_tiny):
     ids = np.array([prompt + completion], dtype=np.int64)
     mask = np.array([[0.0] * len(prompt) + [1.0] * len(completion)], dtype=np.float32)
     batch = RolloutSlice(
-        group_ids=np.zeros(1), prompt_uids=np.zeros(1), input_ids=ids, attention_mask=np.ones_like(ids),
-        completion_mask=mask, rollout_logprobs=np.zeros_like(mask), prompts=["12+30="], completions=["42"],
-        answers=["42"], finish_reasons=["stop"], row_fields={}, policy_versions=np.zeros(1, dtype=np.int64),
+        group_ids=np.zeros(1),
+        prompt_uids=np.zeros(1),
+        input_ids=ids,
+        attention_mask=np.ones_like(ids),
+        completion_mask=mask,
+        rollout_logprobs=np.zeros_like(mask),
+        prompts=["12+30="],
+        completions=["42"],
+        answers=["42"],
+        finish_reasons=["stop"],
+        row_fields={},
+        policy_versions=np.zeros(1, dtype=np.int64),
         group_diversity=np.zeros(1),
     )
     policy = ReferenceWorker("tiny", "float32", 8).logprobs(batch, 1.0)
@@ -78,7 +89,10 @@ def test_the_reference_actor_serves_the_other_model(other_tiny):
     [
         ({"reference": {"model_path": "x"}}, "reference.model_path"),  # kl_coef 0: no reference runs
         ({"algorithm": {"kl_coef": 0.1}, "reference": {"tokenizer": "x"}}, "reference.tokenizer"),
-        ({"algorithm": {"kl_coef": 0.1}, "reference": {"model_path": "x", "refresh_every": 5}}, "reference.refresh_every"),
+        (
+            {"algorithm": {"kl_coef": 0.1}, "reference": {"model_path": "x", "refresh_every": 5}},
+            "reference.refresh_every",
+        ),
     ],
 )
 def test_reference_settings_that_cannot_run_are_refused(sections, field):

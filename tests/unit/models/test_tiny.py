@@ -40,11 +40,11 @@ def test_one_token_per_character_and_small_vocabulary(tokenizer):
 def test_chat_template(tokenizer):
     user = [{"role": "user", "content": "37+45="}]
     assert tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True) == CHAT_PROMPT
-    assert (tokenizer.apply_chat_template(user, tokenize=False)
-            == "<|im_start|>user\n37+45=<|im_end|>\n")
+    assert tokenizer.apply_chat_template(user, tokenize=False) == "<|im_start|>user\n37+45=<|im_end|>\n"
     with_system = [{"role": "system", "content": "add"}, *user]
     assert tokenizer.apply_chat_template(with_system, tokenize=False).startswith(
-        "<|im_start|>system\nadd<|im_end|>\n<|im_start|>user\n")
+        "<|im_start|>system\nadd<|im_end|>\n<|im_start|>user\n"
+    )
 
 
 def test_chat_prompt_is_fourteen_tokens(tokenizer):
@@ -58,8 +58,11 @@ def test_chat_prompt_is_fourteen_tokens(tokenizer):
 def test_special_tokens(tokenizer):
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.pad_token == "<|endoftext|>"
-    assert (tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>"),
-            tokenizer.eos_token_id) == (0, 1, 2)
+    assert (tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids("<|im_start|>"), tokenizer.eos_token_id) == (
+        0,
+        1,
+        2,
+    )
     assert tokenizer.bos_token is None
     assert tokenizer("37")["input_ids"] == tokenizer("37", add_special_tokens=False)["input_ids"]
 
@@ -70,8 +73,9 @@ def test_decode_gives_back_plain_text(tokenizer):
     completion = tokenizer("82<|im_end|><|endoftext|>")["input_ids"]
     assert tokenizer.decode(completion, skip_special_tokens=True) == "82"
     # Role words are ordinary (added) tokens: they survive skip_special_tokens.
-    assert (tokenizer.decode(tokenizer(CHAT_PROMPT)["input_ids"], skip_special_tokens=True)
-            == "user\n37+45=\nassistant\n")
+    assert (
+        tokenizer.decode(tokenizer(CHAT_PROMPT)["input_ids"], skip_special_tokens=True) == "user\n37+45=\nassistant\n"
+    )
 
 
 def test_characters_outside_the_vocabulary_are_dropped(tokenizer):
@@ -97,9 +101,15 @@ def test_round_trip_through_auto_tokenizer_in_a_qwen2_folder(tmp_path, tokenizer
 def test_model_shape(tokenizer):
     model = tiny.build_tiny_model(len(tokenizer), seed=0)
     cfg = model.config
-    assert (cfg.model_type, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.intermediate_size, cfg.max_position_embeddings) == (
-        "qwen2", 128, 2, 2, 2, 512, 128)
+    assert (
+        cfg.model_type,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.max_position_embeddings,
+    ) == ("qwen2", 128, 2, 2, 2, 512, 128)
     assert cfg.hidden_size // cfg.num_attention_heads == 64  # a head size vLLM's CPU attention has
     assert (cfg.eos_token_id, cfg.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
@@ -191,8 +201,7 @@ def test_concurrent_callers_build_once(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(tiny, "_build", _fake_build(calls, delay=0.3))
     results = []
-    threads = [threading.Thread(target=lambda: results.append(tiny.ensure_tiny_artifacts(tmp_path)))
-               for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(tiny.ensure_tiny_artifacts(tmp_path))) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
@@ -266,8 +275,9 @@ def test_shipped_weights_that_are_not_the_shipped_file_fail_naming_it(tmp_path, 
 
 
 def test_shipped_weights_load_into_the_tied_model(tokenizer):
-    model = tiny.build_tiny_model(len(tokenizer), seed=tiny.SEED, pad_token_id=tokenizer.pad_token_id,
-                                  eos_token_id=tokenizer.eos_token_id)
+    model = tiny.build_tiny_model(
+        len(tokenizer), seed=tiny.SEED, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id
+    )
     before = model.model.layers[0].mlp.up_proj.weight.clone()
     tiny_weights.load_shipped_weights(model)
     assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)

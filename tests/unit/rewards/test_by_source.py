@@ -77,11 +77,18 @@ def _slice() -> RolloutSlice:
     n = len(ROWS)
     zeros = np.zeros((n, 1))
     return RolloutSlice(
-        group_ids=np.arange(n) // 2, prompt_uids=np.arange(n) // 2, input_ids=zeros.astype(np.int64),
-        attention_mask=zeros.astype(np.int64), completion_mask=zeros.astype(np.float32),
-        rollout_logprobs=zeros.astype(np.float32), prompts=[""] * n, completions=[c for _, c, _, _ in ROWS],
-        answers=[a for _, _, a, _ in ROWS], finish_reasons=["stop"] * n,
-        row_fields={"data_source": [s for s, *_ in ROWS]}, policy_versions=np.zeros(n, dtype=np.int64),
+        group_ids=np.arange(n) // 2,
+        prompt_uids=np.arange(n) // 2,
+        input_ids=zeros.astype(np.int64),
+        attention_mask=zeros.astype(np.int64),
+        completion_mask=zeros.astype(np.float32),
+        rollout_logprobs=zeros.astype(np.float32),
+        prompts=[""] * n,
+        completions=[c for _, c, _, _ in ROWS],
+        answers=[a for _, _, a, _ in ROWS],
+        finish_reasons=["stop"] * n,
+        row_fields={"data_source": [s for s, *_ in ROWS]},
+        policy_versions=np.zeros(n, dtype=np.int64),
         group_diversity=np.zeros(n),
     )
 
@@ -121,7 +128,9 @@ def test_step_metrics_per_source_and_failures_only_where_rows_failed():
     # gsm8k is NaN on the 6 rows it does not score; none of them failed.
     assert metrics["reward/gsm8k/failures"] == 0.0 and metrics["reward/failed"] == 0.0
     assert eval_source_accuracies([scored.per_function]) == {
-        "eval/accuracy/math": 0.5, "eval/accuracy/gsm8k": 0.5, "eval/accuracy/format_only": 0.5,
+        "eval/accuracy/math": 0.5,
+        "eval/accuracy/gsm8k": 0.5,
+        "eval/accuracy/format_only": 0.5,
         "eval/accuracy/default": 0.5,
     }
 

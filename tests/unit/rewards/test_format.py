@@ -87,9 +87,7 @@ def test_invalid_regex_raises_a_one_line_value_error_naming_the_pattern():
 
 
 def test_scores_are_floats_one_per_completion_and_row_fields_ignored():
-    scores = think_answer_format(
-        ["<think>a</think> b", "b"], ["", ""], ["", ""], pattern="think", level=[1, 2]
-    )
+    scores = think_answer_format(["<think>a</think> b", "b"], ["", ""], ["", ""], pattern="think", level=[1, 2])
     assert scores == [1.0, 0.0]
     assert all(type(s) is float for s in scores)
 

@@ -31,8 +31,7 @@ NATALIA_GOLD = (
     "#### 72"
 )
 WENG_PROMPT = (
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
-    "How much did she earn?"
+    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. How much did she earn?"
 )
 WENG_GOLD = (
     "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\n"
@@ -163,9 +162,7 @@ def test_registered_and_round_trips_through_the_registry():
     assert BUILTIN_REWARDS["gsm8k"] is gsm8k
     fn = load_reward_function("gsm8k")
     assert fn is gsm8k
-    scores = score_completions(
-        fn, ["#### 72", "71"], [NATALIA_PROMPT] * 2, [NATALIA_GOLD] * 2, {"level": [1, 1]}
-    )
+    scores = score_completions(fn, ["#### 72", "71"], [NATALIA_PROMPT] * 2, [NATALIA_GOLD] * 2, {"level": [1, 1]})
     assert scores == [1.0, 0.0]
 
 

@@ -59,9 +59,7 @@ def test_think_tag_diversity_weights():
     # "<think>ab</think>": 17 characters, distinct < t h i n k > a b / = 10.
     completion = "<think>ab</think>"
     assert one(think_tag_diversity, completion, tag_weight=1.0, diversity_weight=0.0) == 1.0
-    assert one(think_tag_diversity, completion, tag_weight=0.0, diversity_weight=1.0) == (
-        pytest.approx(10 / 17)
-    )
+    assert one(think_tag_diversity, completion, tag_weight=0.0, diversity_weight=1.0) == (pytest.approx(10 / 17))
 
 
 # ---- length_words -----------------------------------------------------------------------------

@@ -89,8 +89,12 @@ def _call(service, completions=("a", "b", "c"), **options):
 def test_scores_come_back_in_order_with_the_batch_sent(service):
     service.replies = [(200, {"rewards": [0.5, None, -2]})]
     scores = http_reward(
-        ["c0", "c1", "c2"], ["p0", "p1", "p2"], ["a0", "a1", "a2"], url=service.url,
-        level=[1, 2, 3], tags=[np.int64(7), float("nan"), object()],
+        ["c0", "c1", "c2"],
+        ["p0", "p1", "p2"],
+        ["a0", "a1", "a2"],
+        url=service.url,
+        level=[1, 2, 3],
+        tags=[np.int64(7), float("nan"), object()],
     )
     # The server's order is kept; null is "could not score", the int -2 becomes a float.
     assert scores == [0.5, None, -2.0]

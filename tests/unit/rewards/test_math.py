@@ -192,9 +192,7 @@ def test_every_benchmark_gold_scores_right_and_a_changed_answer_scores_wrong(ben
 
     failures = [
         f"row {i} gold {gold!r}: right={r} appended={a} changed={c}"
-        for i, (gold, r, a, c) in enumerate(
-            zip(golds, right_scores, appended_scores, changed_scores, strict=True)
-        )
+        for i, (gold, r, a, c) in enumerate(zip(golds, right_scores, appended_scores, changed_scores, strict=True))
         if (r, a, c) != (1.0, 0.0, 0.0)
     ]
     assert not failures, f"{benchmark}: " + "; ".join(failures)

@@ -223,9 +223,7 @@ def test_abort_is_reported_as_a_death_and_the_next_call_works(rewards_file):
 
 
 def test_memory_limit_fails_the_call_and_the_next_call_works(rewards_file):
-    with SandboxedScorer(
-        specs(rewards_file, "ordered", "hog"), num_processes=1, memory_limit_mb=500
-    ) as scorer:
+    with SandboxedScorer(specs(rewards_file, "ordered", "hog"), num_processes=1, memory_limit_mb=500) as scorer:
         result = call(scorer, 1, ["a"])
         assert result.scores == [None]
         assert "MemoryError" in result.error or "died" in result.error

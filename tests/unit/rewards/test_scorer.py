@@ -17,21 +17,23 @@ from grpo_ray.config import RewardConfig, RewardFunctionConfig
 from grpo_ray.rewards.accuracy import mean_accuracy
 from grpo_ray.types import Completion, Prompt
 
-PICKY = '''
+PICKY = """
 def picky(completions, prompts, answers, **_):
     # Raises on any batch holding "bad": the batch call fails, and only a row-by-row retry
     # can score the other rows.
     if any("bad" in c for c in completions):
         raise ValueError("cannot read 'bad'")
     return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answers)]
-'''
+"""
 TEXTS = ["12", "bad", "7", "9"]
 ANSWERS = ["12", "3", "8", "9"]
 
 
 def training_scores(spec: str, isolation: str):
-    rows = [(i, Prompt(uid=i, text="q", token_ids=(1, 2), answer=a), Completion((3,), (-0.1,), t, "stop"))
-            for i, (t, a) in enumerate(zip(TEXTS, ANSWERS))]
+    rows = [
+        (i, Prompt(uid=i, text="q", token_ids=(1, 2), answer=a), Completion((3,), (-0.1,), t, "stop"))
+        for i, (t, a) in enumerate(zip(TEXTS, ANSWERS))
+    ]
     worker = RewardWorker([RewardFunctionSetting(spec, 1.0, {})], RewardIsolation(mode=isolation, timeout_s=20))
     try:
         return worker.score(pack_slice(rows, pad_id=0, policy_version=0))

@@ -21,7 +21,7 @@ from grpo_ray.types import RolloutSlice
 # takes 1 positional argument but 3 were given"), a TRL tutorial's (prompts, completions, answer,
 # **kwargs), and grpo-ray's own style: each scores 1 where the completion ends with the answer,
 # plus 0.5 x the row's "bonus" field.
-REWARDS = '''
+REWARDS = """
 def trl_style(completions, **kwargs):
     return [float(c.endswith(a)) + 0.5 * b for c, a, b in zip(completions, kwargs["answer"], kwargs["bonus"])]
 
@@ -37,7 +37,7 @@ def old_names(c, p, a, **row_fields):
 
 def token_count(completions, completion_ids, **kwargs):
     return [float(len(ids)) for ids in completion_ids]
-'''
+"""
 COMPLETIONS = ["so 82", "so 81", "72", ""]
 PROMPTS = ["37+45=", "37+45=", "48+24=", "1+1="]
 ANSWERS = ["82", "82", "72", "2"]
@@ -97,11 +97,19 @@ def _slice_with_tokens() -> RolloutSlice:
     input_ids = np.array([[7, 8, 11, 12, 0], [7, 9, 13, 14, 15]], dtype=np.int64)
     completion_mask = np.array([[0, 0, 1, 1, 0], [0, 0, 1, 1, 1]], dtype=np.float32)
     return RolloutSlice(
-        group_ids=np.arange(2), prompt_uids=np.arange(2), input_ids=input_ids,
-        attention_mask=(input_ids > 0).astype(np.int64), completion_mask=completion_mask,
-        rollout_logprobs=np.zeros((2, 5), dtype=np.float32), prompts=["a", "b"], completions=["xy", "xyz"],
-        answers=["", ""], finish_reasons=["stop", "length"], row_fields={"bonus": [0, 1]},
-        policy_versions=np.zeros(2, dtype=np.int64), group_diversity=np.zeros(2),
+        group_ids=np.arange(2),
+        prompt_uids=np.arange(2),
+        input_ids=input_ids,
+        attention_mask=(input_ids > 0).astype(np.int64),
+        completion_mask=completion_mask,
+        rollout_logprobs=np.zeros((2, 5), dtype=np.float32),
+        prompts=["a", "b"],
+        completions=["xy", "xyz"],
+        answers=["", ""],
+        finish_reasons=["stop", "length"],
+        row_fields={"bonus": [0, 1]},
+        policy_versions=np.zeros(2, dtype=np.int64),
+        group_diversity=np.zeros(2),
     )
 
 
@@ -111,7 +119,9 @@ def test_completion_ids_are_the_generated_tokens():
 
 @pytest.mark.parametrize("mode", ["none", "subprocess"])
 def test_reward_worker_gives_trl_functions_their_token_ids(rewards_file, mode):
-    worker = RewardWorker([RewardFunctionSetting(f"{rewards_file}:token_count", 1.0, {})], RewardIsolation(mode, 1, 30.0))
+    worker = RewardWorker(
+        [RewardFunctionSetting(f"{rewards_file}:token_count", 1.0, {})], RewardIsolation(mode, 1, 30.0)
+    )
     try:
         scored = worker.score(_slice_with_tokens())
     finally:

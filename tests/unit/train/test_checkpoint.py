@@ -29,8 +29,16 @@ from grpo_ray.train.checkpoint import (
 
 
 def state(step: int, recipe: str = "abc", hash_version: int = HASH_VERSION) -> TrainerState:
-    return TrainerState(step=step, stage_index=0, run_id="run", stage_run_id=None, recipe_hash=recipe,
-                        builder={"batches_drawn": step}, accuracy={"0": 0.25}, hash_version=hash_version)
+    return TrainerState(
+        step=step,
+        stage_index=0,
+        run_id="run",
+        stage_run_id=None,
+        recipe_hash=recipe,
+        builder={"batches_drawn": step},
+        accuracy={"0": 0.25},
+        hash_version=hash_version,
+    )
 
 
 ABC = RecipeHashes(current="abc", legacy="old")
@@ -171,7 +179,8 @@ def test_a_state_file_from_before_the_kl_controller_still_reads(tmp_path):
 
 
 # Every config field of format 1's day (74293a5, the last format-1 code), as dotted paths.
-FORMAT_1_FIELDS = set("""
+FORMAT_1_FIELDS = set(
+    """
 algorithm.advantage algorithm.clip_high algorithm.clip_low algorithm.dual_clip
 algorithm.dynamic_sampling algorithm.dynamic_sampling_max_tries algorithm.entropy_coef
 algorithm.epochs_per_batch algorithm.kl_coef algorithm.kl_estimator algorithm.kl_placement
@@ -205,7 +214,8 @@ train.eval_temperature train.keep_checkpoints train.max_nonfinite_updates train.
 train.prompts_per_step train.steps train.stop_at_accuracy weight_sync.bucket_mb
 weight_sync.lora_adapter_only weight_sync.measure_raw_broadcast weight_sync.probe_every
 weight_sync.probe_tolerance weight_sync.timeout_s
-""".split())
+""".split()
+)
 
 
 def _field_paths(model: type, prefix: str = "") -> set[str]:
@@ -215,7 +225,11 @@ def _field_paths(model: type, prefix: str = "") -> set[str]:
     paths = set()
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        inner = [a for a in (typing.get_args(annotation) or (annotation,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        inner = [
+            a
+            for a in (typing.get_args(annotation) or (annotation,))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if not inner:
             paths.add(prefix + name)
         else:
@@ -230,7 +244,11 @@ def test_every_config_field_added_since_format_1_is_listed_for_the_legacy_hash()
     from grpo_ray.config.schema import Config
 
     fields = _field_paths(Config)
-    assert "stages[].lr" in fields and "rollout.vllm.gpu_memory_utilization" in fields  # the walk reaches lists and nesting
+    assert (
+        "stages[].lr" in fields and "rollout.vllm.gpu_memory_utilization" in fields
+    )  # the walk reaches lists and nesting
     added = {p for p in fields if any(p == a or p.startswith(a + ".") for a in ADDED_SINCE_FORMAT_1)}
-    assert not sorted(fields - added - FORMAT_1_FIELDS), "config fields added since format 1: list them in ADDED_SINCE_FORMAT_1"
+    assert not sorted(fields - added - FORMAT_1_FIELDS), (
+        "config fields added since format 1: list them in ADDED_SINCE_FORMAT_1"
+    )
     assert not sorted(FORMAT_1_FIELDS - fields), "format-1 fields removed: a legacy hash can no longer be recomputed"

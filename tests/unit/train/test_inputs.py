@@ -19,8 +19,12 @@ def polaris_file(tmp_path):
 
 
 def cfg_for(path, **data):
-    return config_from_dict({"model": {"path": "tiny"}, "data": {"train_files": [str(path)], "eval_files": [],
-                                                                   "max_prompt_tokens": 64, **data}})
+    return config_from_dict(
+        {
+            "model": {"path": "tiny"},
+            "data": {"train_files": [str(path)], "eval_files": [], "max_prompt_tokens": 64, **data},
+        }
+    )
 
 
 def test_instruction_band_and_validation_split(polaris_file):
@@ -42,9 +46,22 @@ def test_polaris_instruction_constant_and_empty_band_error(polaris_file):
 def test_prompt_uid_is_the_record_index_across_files_and_survives_filters(polaris_file, tmp_path):
     # A second file with an unusable record first: indices count it, and run on from the first file.
     second = tmp_path / "more.jsonl"
-    second.write_text(json.dumps({"problem": "", "answer": "1"}) + "\n" + json.dumps({"problem": "9+9=", "answer": "18", "difficulty": "4/8"}))
-    cfg = config_from_dict({"model": {"path": "tiny"}, "data": {"train_files": [str(polaris_file), str(second)],
-                            "eval_files": [], "max_prompt_tokens": 64, "difficulty_band": [0.25, 0.75]}})
+    second.write_text(
+        json.dumps({"problem": "", "answer": "1"})
+        + "\n"
+        + json.dumps({"problem": "9+9=", "answer": "18", "difficulty": "4/8"})
+    )
+    cfg = config_from_dict(
+        {
+            "model": {"path": "tiny"},
+            "data": {
+                "train_files": [str(polaris_file), str(second)],
+                "eval_files": [],
+                "max_prompt_tokens": 64,
+                "difficulty_band": [0.25, 0.75],
+            },
+        }
+    )
     inputs = prepare_inputs(cfg)
     by_uid = {p.uid: p for p in inputs.train_prompts}
     assert by_uid[2].text == "2+2=" and by_uid[6].text == "6+6=" and 0 not in by_uid  # 0/8 is out of the band

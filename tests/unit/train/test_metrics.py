@@ -65,7 +65,11 @@ def test_per_function_stats_and_failure_counts():
     assert metrics["reward/correct/mean"] == pytest.approx(0.75)
     assert metrics["reward/correct/std"] == pytest.approx(math.sqrt(0.1875))
     assert metrics["reward/correct/failures"] == 2.0
-    assert (metrics["reward/format/mean"], metrics["reward/format/std"], metrics["reward/format/failures"]) == (0.5, 0.0, 0.0)
+    assert (metrics["reward/format/mean"], metrics["reward/format/std"], metrics["reward/format/failures"]) == (
+        0.5,
+        0.0,
+        0.0,
+    )
     # Every row failed: no mean or std (NaN, without a numpy warning), 6 failures.
     assert math.isnan(metrics["reward/judge/mean"]) and math.isnan(metrics["reward/judge/std"])
     assert metrics["reward/judge/failures"] == 6.0

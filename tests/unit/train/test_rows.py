@@ -63,8 +63,11 @@ def test_the_same_batch_gives_the_same_failure_rate_on_either_path():
 def test_a_function_a_rows_source_does_not_use_is_no_failure():
     # reward.by_source: "fmt" scores only row 1; its NaN on row 0 is "not used", and the scorer
     # counted no failure. Counting NaNs would have stopped a healthy run at a 50% failure rate.
-    routed = replace(_two_slices()[0], per_function={"correct": np.array([1.0, np.nan]), "fmt": np.array([np.nan, 1.0])},
-                     failures={"correct": 0, "fmt": 0})
+    routed = replace(
+        _two_slices()[0],
+        per_function={"correct": np.array([1.0, np.nan]), "fmt": np.array([np.nan, 1.0])},
+        failures={"correct": 0, "fmt": 0},
+    )
     assert failure_counts([routed]) == ({"correct": 0, "fmt": 0}, 2, {})
 
 
@@ -72,12 +75,18 @@ def _take(scored: ScoredSlice, rows: list[int]) -> ScoredSlice:
     """The given rows of a slice, as a streamed chunk of them would be scored."""
     pick = np.array(rows)
     per_function = {name: values[pick] for name, values in scored.per_function.items()}
-    return replace(scored, group_ids=scored.group_ids[pick], prompt_uids=scored.prompt_uids[pick],
-                   rewards=scored.rewards[pick], per_function=per_function,
-                   failures={name: int(np.isnan(values).sum()) for name, values in per_function.items()},
-                   first_errors=scored.first_errors if any(np.isnan(v).any() for v in per_function.values()) else {},
-                   completion_lengths=scored.completion_lengths[pick], truncated=scored.truncated[pick],
-                   group_diversity=scored.group_diversity[pick])
+    return replace(
+        scored,
+        group_ids=scored.group_ids[pick],
+        prompt_uids=scored.prompt_uids[pick],
+        rewards=scored.rewards[pick],
+        per_function=per_function,
+        failures={name: int(np.isnan(values).sum()) for name, values in per_function.items()},
+        first_errors=scored.first_errors if any(np.isnan(v).any() for v in per_function.values()) else {},
+        completion_lengths=scored.completion_lengths[pick],
+        truncated=scored.truncated[pick],
+        group_diversity=scored.group_diversity[pick],
+    )
 
 
 def _response(tokens, reward=0.75, finish_reason="stop", per_function=None) -> KeptResponse:
@@ -137,7 +146,8 @@ def test_select_repeats_rows_and_replacements_follow_their_row():
 def test_with_replacement_takes_the_responses_scores_length_and_truncation():
     rows = StepRows.from_scored(
         [replace(_two_slices()[1], per_function={"correct": np.zeros(3), "format": np.ones(3)})],
-        [np.zeros(3)], [np.array([1.0, 0.0, 1.0])],
+        [np.zeros(3)],
+        [np.array([1.0, 0.0, 1.0])],
     )
     response = _response([31, 32, 33], reward=0.75, finish_reason="length", per_function={"correct": 1.0})
     replaced = rows.with_replacement(1, response)
@@ -218,8 +228,10 @@ def _slice_b():
 
 def _plan(sources, rows, group_ids, replacements=None) -> SliceAssembly:
     return SliceAssembly(
-        sources=np.array(sources, dtype=np.int64), rows=np.array(rows, dtype=np.int64),
-        group_ids=np.array(group_ids, dtype=np.int64), replacements=replacements or {},
+        sources=np.array(sources, dtype=np.int64),
+        rows=np.array(rows, dtype=np.int64),
+        group_ids=np.array(group_ids, dtype=np.int64),
+        replacements=replacements or {},
     )
 
 
@@ -235,8 +247,12 @@ def test_assemble_rows_of_two_widths_with_a_repeat():
         [7, 25, PAD, PAD, PAD],
         [5, 6, 13, PAD, PAD],
     ])  # fmt: skip
-    np.testing.assert_array_equal(out.attention_mask, [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]])
-    np.testing.assert_array_equal(out.completion_mask, [[0, 1, 1, 1, 1], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0]])
+    np.testing.assert_array_equal(
+        out.attention_mask, [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
+    )
+    np.testing.assert_array_equal(
+        out.completion_mask, [[0, 1, 1, 1, 1], [0, 0, 1, 0, 0], [0, 1, 0, 0, 0], [0, 0, 1, 0, 0]]
+    )
     np.testing.assert_array_equal(out.rollout_logprobs, [
         [0, -1.0, -2.0, -3.0, -4.0],
         [0, 0, -0.75, 0, 0],
@@ -259,8 +275,9 @@ def test_assemble_rows_of_two_widths_with_a_repeat():
 
 def test_assemble_replacement_longer_than_the_slice_widens_it():
     # Row 1 of slice A (prompt 5 6, completion 13) gets 4 tokens: 2 + 4 = 6 > width 4.
-    response = KeptResponse([31, 32, 33, 34], [-0.5, -0.25, -0.125, -1.0], "new long", "length", 1.0, {"correct": 1.0},
-                            policy_version=1)
+    response = KeptResponse(
+        [31, 32, 33, 34], [-0.5, -0.25, -0.125, -1.0], "new long", "length", 1.0, {"correct": 1.0}, policy_version=1
+    )
     out = assemble_slice(_plan([0, 0], [0, 1], [0, 0], {1: response}), [_slice_a()], PAD)
     # The rescued row is as old as the policy that sampled it.
     np.testing.assert_array_equal(out.policy_versions, [3, 1])
@@ -295,7 +312,9 @@ def test_read_response_then_replace_reproduces_the_row():
     b = _slice_b()
     response = read_response(b, 0, reward=np.float64(0.5), per_function={"correct": np.float32(1.0)})
     # The generated part of row 0: tokens 21-24 with their log-probs; plain Python values (JSON-able).
-    assert response == KeptResponse([21, 22, 23, 24], [-1.0, -2.0, -3.0, -4.0], "long", "length", 0.5, {"correct": 1.0}, 2)
+    assert response == KeptResponse(
+        [21, 22, 23, 24], [-1.0, -2.0, -3.0, -4.0], "long", "length", 0.5, {"correct": 1.0}, 2
+    )
     assert all(type(t) is int for t in response.token_ids) and type(response.reward) is float
     # Row 1 (same prompt) takes row 0's response: row 1 becomes a copy of row 0.
     out = assemble_slice(_plan([1, 1], [0, 1], [1, 1], {1: response}), [b], PAD)
@@ -309,8 +328,14 @@ def test_step_rows_to_assembled_slices_end_to_end():
     # rescue row 3 (A1) with a 3-token response -> two ranks of 2 rows each.
     a, b = _slice_a(), _slice_b()
     scored = [
-        _scored(s.group_ids, s.prompt_uids, [0.0, 0.0], s.completion_lengths, [f == "length" for f in s.finish_reasons],
-                s.group_diversity)
+        _scored(
+            s.group_ids,
+            s.prompt_uids,
+            [0.0, 0.0],
+            s.completion_lengths,
+            [f == "length" for f in s.finish_reasons],
+            s.group_diversity,
+        )
         for s in (a, b)
     ]
     rows = StepRows.from_scored(scored, [s.rewards for s in scored], [np.ones(2), np.ones(2)])

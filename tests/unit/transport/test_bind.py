@@ -11,7 +11,9 @@ from grpo_ray.transport.broadcast import free_port
 
 
 def listening_here() -> set[tuple[str, int]]:
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    return {
+        (c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet") if c.status == psutil.CONN_LISTEN
+    }
 
 
 def test_a_loopback_group_listens_on_loopback_only():

@@ -115,7 +115,9 @@ def test_device_identity_names_the_gpu_or_this_host():
 
 def test_digest_is_the_wrapping_sum_of_words_chained_in_bucket_order():
     # Two 8-byte words 1 and 2 sum to 3; three tail bytes 1, 2, 3 add 1*1 + 2*2 + 3*3 = 14.
-    flat = torch.cat([torch.tensor([1, 2], dtype=torch.int64).view(torch.uint8), torch.tensor([1, 2, 3], dtype=torch.uint8)])
+    flat = torch.cat(
+        [torch.tensor([1, 2], dtype=torch.int64).view(torch.uint8), torch.tensor([1, 2, 3], dtype=torch.uint8)]
+    )
     assert bucket_checksum(flat) == 3 + 14
     # Chained: previous * 0x100000001B3 XOR this bucket's sum, modulo 2**64, so order counts.
     a, b = torch.tensor([5], dtype=torch.int64), torch.tensor([7], dtype=torch.int64)
@@ -147,7 +149,11 @@ def test_bucket_storage_moves_parameters_into_one_tensor_per_bucket_keeping_valu
     torch.manual_seed(3)
     embed = torch.nn.Parameter(torch.randn(4, 2))
     params = {"embed": embed, "norm": torch.nn.Parameter(torch.randn(3)), "head": embed}  # head tied to embed
-    specs = [WeightSpec("embed", (4, 2), "float32"), WeightSpec("norm", (3,), "float32"), WeightSpec("head", (4, 2), "float32")]
+    specs = [
+        WeightSpec("embed", (4, 2), "float32"),
+        WeightSpec("norm", (3,), "float32"),
+        WeightSpec("head", (4, 2), "float32"),
+    ]
     before = {name: p.detach().clone() for name, p in params.items()}
     storage = bucket_storage(params, specs, [[0, 1], [2]])
     assert [t.numel() for t in storage] == [11, 8]
@@ -189,7 +195,9 @@ def test_buckets_received_in_place_are_the_weights_sent_as_they_lie_or_packed():
     laid_out = bucket_storage(sender, specs, buckets)
     sender["w3"].data = torch.randn(7)  # no longer in its bucket: that bucket must be packed
     tensors = [sender[spec.name].data for spec in specs]
-    checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(_in_place_receiver, specs, buckets, tensors)
+    checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(
+        _in_place_receiver, specs, buckets, tensors
+    )
     assert buckets == [[0, 1], [2], [3, 4]] and laid_out[0].numel() == 500
     assert (their_checksum, their_bytes) == (checksum, sent) and sent == 4 * 50_516
     for name, param in sender.items():
@@ -201,13 +209,19 @@ def test_a_tied_alias_planned_last_is_received_under_its_own_name():
     # receiver places each by name, in place and through an engine's loader alike.
     torch.manual_seed(5)
     embed = torch.nn.Parameter(torch.randn(6), requires_grad=False)
-    model = {"embed": embed, "norm": torch.nn.Parameter(torch.randn(3), requires_grad=False), "head": embed,
-             "out": torch.nn.Parameter(torch.randn(4), requires_grad=False)}
+    model = {
+        "embed": embed,
+        "norm": torch.nn.Parameter(torch.randn(3), requires_grad=False),
+        "head": embed,
+        "out": torch.nn.Parameter(torch.randn(4), requires_grad=False),
+    }
     specs = [WeightSpec(name, tuple(p.shape), "float32") for name, p in model.items()]
     buckets = plan_buckets(specs, 10**6, alone=tied_aliases(list(model.values())))
     assert buckets == [[0, 1, 3], [2]]
     bucket_storage(model, specs, buckets)
-    assert adjacent_view([model[specs[i].name].data for i in buckets[0]], torch.float32, torch.device("cpu")) is not None
+    assert (
+        adjacent_view([model[specs[i].name].data for i in buckets[0]], torch.float32, torch.device("cpu")) is not None
+    )
     tensors = [model[specs[i].name].data for bucket in buckets for i in bucket]
     for receiver in (_in_place_receiver, _receiver):
         checksum, sent, (received, their_checksum, their_bytes) = _send_to_child(receiver, specs, buckets, tensors)

@@ -44,24 +44,41 @@ def _receive_into(seat, specs, buckets, queue, fetched, slow):
     source = join_seat(seat, device_identity())
     # The receiver's weights on its GPU where it has one (whatever memory the ring is in), as an engine's.
     device = "cuda" if torch.cuda.is_available() else source.device
-    storage = [torch.zeros(sum(specs[i].numel for i in b), dtype=getattr(torch, specs[b[0]].dtype), device=device)
-               for b in buckets]
+    storage = [
+        torch.zeros(sum(specs[i].numel for i in b), dtype=getattr(torch, specs[b[0]].dtype), device=device)
+        for b in buckets
+    ]
     tally = ReceiveTally()
     receive_into(source, storage, tally)
     queue.put(({f"bucket{i}": flat.cpu() for i, flat in enumerate(storage)}, tally.checksum, tally.num_bytes))
     fetched.wait(60)
 
 
-def _run(tensors, specs, buckets, handoff_receivers, broadcast_receivers, slow=False, target=_receive, device=HERE,
-         host_ring=False):
+def _run(
+    tensors,
+    specs,
+    buckets,
+    handoff_receivers,
+    broadcast_receivers,
+    slow=False,
+    target=_receive,
+    device=HERE,
+    host_ring=False,
+):
     """Send from here (weights and ring on `device`) to spawned receivers; returns (checksum, bytes
     sent, each receiver's report, received tensors on the CPU)."""
     ctx = mp.get_context("spawn")
     queue, fetched = ctx.Queue(), ctx.Event()
     tensors = [t.to(device) for t in tensors]
-    ring = HandoffRing.create(_slot_bytes(specs, buckets), device, device_identity(), host_ring) if handoff_receivers else None
+    ring = (
+        HandoffRing.create(_slot_bytes(specs, buckets), device, device_identity(), host_ring)
+        if handoff_receivers
+        else None
+    )
     handoff_seat = Seat("127.0.0.1", free_port(), 0, handoff_receivers + 1, "gloo", 60, ring.handle) if ring else None
-    broadcast_seat = Seat("127.0.0.1", free_port(), 0, broadcast_receivers + 1, "gloo", 60) if broadcast_receivers else None
+    broadcast_seat = (
+        Seat("127.0.0.1", free_port(), 0, broadcast_receivers + 1, "gloo", 60) if broadcast_receivers else None
+    )
     seats = [Seat(**{**handoff_seat.__dict__, "rank": r}) for r in range(1, handoff_receivers + 1)]
     seats += [Seat(**{**broadcast_seat.__dict__, "rank": r}) for r in range(1, broadcast_receivers + 1)]
     children = [ctx.Process(target=target, args=(seat, specs, buckets, queue, fetched, slow)) for seat in seats]
@@ -117,7 +134,10 @@ def test_a_receiver_that_cannot_map_the_ring_says_why():
         # A shared-memory ring serves the processes of its host (a GPU one too, when CUDA IPC is refused).
         assert check_ring(ring.handle, "GPU-on-this-host") is None
         elsewhere = replace(ring.handle, device="cpu:another-host")
-        assert check_ring(elsewhere, device_identity()) == f"this process is on {device_identity()}, the ring on cpu:another-host"
+        assert (
+            check_ring(elsewhere, device_identity())
+            == f"this process is on {device_identity()}, the ring on cpu:another-host"
+        )
         # Memory that maps but is not the sender's (its check pattern differs) is refused too.
         ring.slots[1][:8] += 1
         assert "check pattern differs" in check_ring(ring.handle, device_identity())

@@ -9,7 +9,9 @@ MASK = np.array([[0, 1, 1, 1], [0, 0, 1, 1]])  # five completion tokens; the pro
 OLD = np.array([[0.0, -1.0, -2.0, -3.0], [0.0, 0.0, -1.0, -0.5]])
 # The update moved the five completion tokens by 0.5, 0.5, 1.0, 0.25, 0.25: a mean of 0.5.
 NEW = np.array([[0.0, -1.5, -2.5, -2.0], [0.0, 0.0, -1.25, -0.25]])
-NOISE = np.array([[7.0, 2e-2, -2e-2, 2e-2], [-7.0, 9.0, 2e-2, -2e-2]])  # bf16-sized kernel noise: mean 0.02 where it counts
+NOISE = np.array(
+    [[7.0, 2e-2, -2e-2, 2e-2], [-7.0, 9.0, 2e-2, -2e-2]]
+)  # bf16-sized kernel noise: mean 0.02 where it counts
 
 
 def baseline(gap: float = 0.02) -> ProbeBaseline:
@@ -46,7 +48,8 @@ def test_an_engine_that_kept_the_baseline_weights_is_not_loaded_and_named_with_t
         "rollout-1: its engine did not load the sent weights: its probe log-probs are 5.04e-01 from the learner's and "
         "2.00e-02 from those of version 3 (mean over the completion tokens), and the updates since version 3 moved the "
         "learner's 5.00e-01, more than 4x the engine-learner kernel gap 2.00e-02; the digests matched, so the bytes "
-        "arrived and were not loaded")
+        "arrived and were not loaded"
+    )
     assert reading.next_baseline(baseline(), version=4, learner=NEW) == baseline()
 
 
@@ -60,8 +63,11 @@ def test_an_update_smaller_than_the_noise_is_undecided_either_way():
         assert reading.next_baseline(baseline(), version=4, learner=tiny) == baseline(), "the baseline stays back"
     assert reading.explain("rollout-0", 3).startswith(
         "rollout-0: the weight probe cannot tell yet whether its engine loaded the sent weights: its probe log-probs "
-        "are 2.00e-02 from the learner's")
-    assert "within 4x the engine-learner kernel gap 2.00e-02; the digests prove the bytes arrived" in reading.explain("rollout-0", 3)
+        "are 2.00e-02 from the learner's"
+    )
+    assert "within 4x the engine-learner kernel gap 2.00e-02; the digests prove the bytes arrived" in reading.explain(
+        "rollout-0", 3
+    )
 
 
 def test_small_updates_that_add_up_are_decided_against_the_baseline_kept_back():
@@ -79,8 +85,9 @@ def test_small_updates_that_add_up_are_decided_against_the_baseline_kept_back():
             if reading.verdict == "not loaded":
                 break
             current = reading.next_baseline(current, version=3 + k, learner=learner)
-        assert verdicts == (["undecided", "undecided", "loaded", "undecided"] if loaded
-                            else ["undecided", "undecided", "not loaded"])
+        assert verdicts == (
+            ["undecided", "undecided", "loaded", "undecided"] if loaded else ["undecided", "undecided", "not loaded"]
+        )
 
 
 def test_the_tolerance_is_the_least_noise_allowed_for():
