@@ -25,18 +25,11 @@ from collections.abc import Callable  # noqa: E402
 from functools import wraps  # noqa: E402
 
 import click  # noqa: E402
-import yaml  # noqa: E402
 
-from grpo_ray.config.memory import memory_plan  # noqa: E402
-from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments  # noqa: E402
+from grpo_ray.errors import first_line  # noqa: E402
 from grpo_ray.config import (  # noqa: E402
     ConfigError,
-    config_to_dict,
-    describe_resources,
     load_config,
-    plan_batches,
-    plan_resources,
-    plan_stages,
 )
 
 
@@ -83,7 +76,7 @@ def one_line_errors(command: Callable) -> Callable:
 
 
 def _fail(message: str) -> None:
-    click.echo(f"error: {message.splitlines()[0] if message else 'unknown error'}", err=True)
+    click.echo(f"error: {first_line(message) or 'unknown error'}", err=True)
     sys.exit(1)
 
 
@@ -111,106 +104,41 @@ OVERRIDES = click.option(
     type=click.FloatRange(min=0, min_open=True),
     help="Memory of one GPU in GiB: the memory plan warns when a role needs more.",
 )
+@click.option(
+    "--plan-only",
+    is_flag=True,
+    help="Print the plan without checking models, rewards, data and resources here (a recipe for another machine).",
+)
 @one_line_errors
-def validate(config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float) -> None:
-    """Print the resolved config, the resources of each role, the batch arithmetic and the memory
-    plan per GPU; with a cluster to connect to, check that it can hold the plan (exit 1 when it cannot)."""
+def validate(
+    config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float, plan_only: bool
+) -> None:
+    """Check what a run of the recipe needs, as `train` does before it starts anything: models and
+    tokenizers resolve, reward functions import (in the reward sandbox), data files exist and map to
+    prompts and answers, and the plan fits this machine or the cluster (--address, ray.address,
+    RAY_ADDRESS). Prints the resolved config, each role's resources, the batch arithmetic, the
+    memory plan per GPU and the learning rate; exit 1 with one line per problem."""
+    from grpo_ray.commands.validate import plan_report
+
     cfg = load_config(config, overrides)
-    check_quantization(cfg)
-    plan = plan_batches(cfg)
-    click.echo("# resolved config")
-    click.echo(yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip())
-    click.echo("\n# resources")
-    for line in describe_resources(plan_resources(cfg)):
-        click.echo(line)
-    click.echo("\n# batch per step")
-    click.echo(f"prompts per step               {plan.prompts_per_step}")
-    click.echo(
-        f"completions per step           {plan.completions_per_step} ({cfg.rollout.samples_per_prompt} per prompt)"
-    )
-    click.echo(f"prompts per rollout worker     {plan.prompts_per_rollout_worker}")
-    click.echo(f"sequences per learner rank     {plan.sequences_per_learner_rank}")
-    click.echo(f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)")
-    reference = f"yes ({cfg.reference.model_path or 'the initial policy'})" if cfg.use_reference else "no (kl_coef = 0)"
-    click.echo(f"reference model                {reference}")
-    click.echo("\n# stages")
-    for stage in plan_stages(cfg):
-        click.echo(
-            f"{stage.name:<12} steps {stage.first_step}-{stage.last_step}  max_new_tokens {stage.max_new_tokens}  "
-            f"temperature {stage.temperature:g}  top_p {stage.top_p:g}  eval temperature {stage.eval_temperature:g}"
-        )
-    switches = {
-        "dynamic sampling": cfg.algorithm.dynamic_sampling,
-        "substitution": cfg.polaris.substitution,
-        "rescue": cfg.polaris.rescue,
-        "drop-easy": cfg.polaris.drop_easy_threshold is not None,
-    }
-    click.echo("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
-    lines, warnings = memory_plan(cfg, gpu_memory_gb)
-    click.echo(f"\n# memory per GPU (estimate; --gpu-memory-gb {gpu_memory_gb:g})")
+    lines, warnings = plan_report(cfg, gpu_memory_gb)
     for line in lines:
         click.echo(line)
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
-    click.echo("\n# learning rate (learner.lr_schedule; actor/lr in MLflow)")
-    for line in describe_lr_segments(plan_lr_segments(cfg)):
-        click.echo(line)
-    address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    if not address and (conflicts := _check_against_local_gpus(cfg)):
-        for line in conflicts:
-            click.echo(f"cannot start: {line}", err=True)
-        sys.exit(1)
-    if address:
-        missing = _check_against_cluster(cfg, address)
-        if missing:
-            for line in missing:
-                click.echo(f"missing: {line}", err=True)
-            sys.exit(1)
-    click.echo("ok")
-
-
-def check_quantization(cfg) -> None:
-    """model.quantization: refuse, in one line and before anything starts, where bitsandbytes cannot run."""
-    if cfg.model.quantization is None:
+    if plan_only:
+        click.echo("plan only: models, rewards, data and resources not checked (--plan-only)")
         return
-    from grpo_ray.models.quantization import quantization_problem
+    from grpo_ray.quiet import quiet_driver
+    from grpo_ray.train.preflight import preflight
 
-    problem = quantization_problem(cfg.model.quantization, cfg.learner.num_gpus > 0)
-    if problem is not None:
-        raise ConfigError(problem)
-
-
-def _check_against_local_gpus(cfg) -> list[str]:
-    """Without a cluster, `train` starts a local Ray on this machine: a plan whose NCCL ranks cannot
-    each have a GPU here cannot start (a machine without GPUs is a head node: nothing to check)."""
-    import torch
-
-    from grpo_ray.cluster.fit import nccl_conflicts, plan_bundles
-
-    if not torch.cuda.is_available():
-        return []
-    roles = plan_resources(cfg)
-    bundles, _ = plan_bundles(roles, cfg.placement.colocate)
-    return nccl_conflicts(roles, bundles, float(torch.cuda.device_count()))
-
-
-def _check_against_cluster(cfg, address: str) -> list[str]:
-    """Every shortfall of the plan on the cluster at `address` (what train's reserve() would refuse)."""
-    from grpo_ray.cluster.fit import plan_bundles, shortfalls
-    from grpo_ray.cluster.placement import nodes_at
-
-    nodes = nodes_at(address)
-    roles = plan_resources(cfg)
-    bundles, _ = plan_bundles(roles, cfg.placement.colocate)
-    totals: dict[str, float] = {}
-    for node in nodes:
-        for name, amount in node.resources.items():
-            if name in ("CPU", "GPU") or not (name.startswith("node:") or name in ("memory", "object_store_memory")):
-                totals[name] = totals.get(name, 0.0) + amount
+    quiet_driver()
+    checked = preflight(cfg, address)
     click.echo(
-        f"\n# cluster at {address}\n{len(nodes)} nodes: " + ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items()))
+        f"\n# checked: models, reward functions, {len(checked.inputs.train_prompts)} training and "
+        f"{len(checked.inputs.eval_prompts)} evaluation prompts, the plan on {checked.where}"
     )
-    return shortfalls(roles, bundles, nodes)
+    click.echo("ok")
 
 
 @main.command()
@@ -234,7 +162,6 @@ def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose:
 
     A run whose output_dir already holds a checkpoint continues from it, so a retried Ray job goes on."""
     cfg = load_config(config, overrides)
-    check_quantization(cfg)
     from grpo_ray.quiet import quiet_driver, set_verbose
 
     set_verbose(verbose)

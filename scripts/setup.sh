@@ -10,27 +10,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-# Every pin of the lock installed at its version? (importlib.metadata: no pip needed for the check)
-lock_differs() {
-  python - requirements/cpu.lock <<'PY'
-import re, sys
-from importlib.metadata import PackageNotFoundError, version
-wrong = []
-for line in open(sys.argv[1]):
-    match = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line)
-    if match:
-        name, want = match.groups()
-        try:
-            have = version(name)
-        except PackageNotFoundError:
-            have = None
-        if have != want:
-            wrong.append(f"{name} {have or 'missing'} (lock {want})")
-print("; ".join(wrong[:5]) + (f"; and {len(wrong) - 5} more" if len(wrong) > 5 else ""))
-sys.exit(1 if wrong else 0)
-PY
-}
-if ! differs=$(lock_differs); then
+. scripts/lib_setup.sh  # lock_differs, installed_here
+if ! differs=$(lock_differs requirements/cpu.lock); then
   echo "installing requirements/cpu.lock (${differs})"
   pip install -q --upgrade "pip>=24"
   # --no-deps: the lock is the whole set, resolved once (scripts/lock.sh). It leaves out the CUDA
@@ -38,14 +19,9 @@ if ! differs=$(lock_differs); then
   # vllm` on CPU, and grpo-ray needs none of them).
   pip install -q --no-deps -r requirements/cpu.lock
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-  lock_differs >/dev/null || { echo "error: the environment still differs from requirements/cpu.lock: $(lock_differs)"; exit 1; }
+  lock_differs requirements/cpu.lock >/dev/null || { echo "error: the environment still differs from requirements/cpu.lock: $(lock_differs requirements/cpu.lock)"; exit 1; }
 fi
-# grpo-ray itself, editable from this checkout. Checked from / so that the checkout's own folder on
-# sys.path cannot pass for an install (that missed the `grpo-ray` command and package metadata).
-installed_here() {
-  local here=$PWD
-  [ -x .venv/bin/grpo-ray ] && (cd / && python -c "import grpo_ray, sys; sys.exit(0 if grpo_ray.__file__.startswith(sys.argv[1] + '/') else 1)" "$here") 2>/dev/null
-}
+# grpo-ray itself, editable from this checkout.
 if ! installed_here; then
   pip install -q --no-deps --no-build-isolation -e .
   installed_here || { echo "error: grpo-ray is not importable from this checkout after 'pip install -e .'"; exit 1; }

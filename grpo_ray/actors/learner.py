@@ -14,7 +14,6 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,11 +26,12 @@ from grpo_ray.actors.deepspeed_setup import (
     safe_checkpoint_engine,
 )
 from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch
+from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
-from grpo_ray.algo.schedules import LrSegment, schedule_lr
+from grpo_ray.algo.schedules import schedule_lr
 from grpo_ray.transport.broadcast import bucket_storage, device_identity, plan_buckets, tied_aliases
 from grpo_ray.transport.handoff import HandoffRing, RingHandle
 from grpo_ray.transport.kept import KeptWeights
@@ -50,52 +50,6 @@ from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
-
-
-@dataclass(frozen=True)
-class LearnerSettings:
-    model_path: str
-    tokenizer_path: str
-    dtype: str
-    seed: int
-    zero_stage: int
-    micro_batch_size: int
-    grad_accum_steps: int
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float]
-    grad_clip: float
-    torch_threads: int
-    clip_low: float
-    clip_high: float
-    kl_coef: float
-    kl_estimator: str
-    entropy_coef: float
-    loss_aggregation: str
-    epochs_per_batch: int = 1
-    dual_clip: float | None = None
-    tis_cap: float | None = None
-    staleness_is_cap: float = 2.0
-    lora_enabled: bool = False
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ()
-    gradient_checkpointing: bool = False
-    share_prompts: bool = True
-    quantization: str | None = None  # model.quantization: "4bit" | "8bit" base under the LoRA adapter
-    # The LR of every step (grpo_ray.config.plan_lr_segments); empty: lr throughout.
-    lr_segments: tuple[LrSegment, ...] = ()
-    offload_optimizer: str | None = None
-    offload_params: str | None = None
-    loss_scale: float = 0.0
-    initial_scale_power: int = 16
-    loss_scale_window: int = 1000
-    logprob_chunk_tokens: int = 0
-    logprob_kernel: str = "torch"
-    packing: bool = False
-    max_tokens_per_micro_batch: int = 0
-    offload_states_between_updates: bool = False
 
 
 class LearnerWorker:

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from grpo_ray.models.loading import ModelLoadError, _first_line, load_tokenizer, resolve_model_path
+from grpo_ray.errors import first_line
+from grpo_ray.models.loading import ModelLoadError, load_tokenizer, resolve_model_path
 from grpo_ray.types import RolloutSlice
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _load_reward_model(path: str, dtype: str) -> torch.nn.Module:
     except ModelLoadError:
         raise
     except (OSError, ValueError, AttributeError) as err:
-        raise ModelLoadError(f"reward model {path}: cannot load ({_first_line(err)}); check the path") from None
+        raise ModelLoadError(f"reward model {path}: cannot load ({first_line(err)}); check the path") from None
 
 
 def build_tiny_reward_model(out_dir: Path, seed: int = 0) -> Path:

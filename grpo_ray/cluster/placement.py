@@ -13,6 +13,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from grpo_ray.errors import first_line
 from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
 from grpo_ray.config import RoleResources
 
@@ -77,9 +78,7 @@ def nodes_at(address: str) -> list[NodeView]:
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise ClusterError(
-            f"--address {address}: cannot connect ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-        ) from None
+        raise ClusterError(f"--address {address}: cannot connect ({first_line(err)})") from None
     try:
         return cluster_nodes()
     finally:

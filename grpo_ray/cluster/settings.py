@@ -5,7 +5,7 @@ Pure (no Ray): cluster/roles.py starts the actors with these.
 
 from __future__ import annotations
 
-from grpo_ray.actors.learner import LearnerSettings
+from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.rollout import LoraShape, RolloutWorkerSettings
 from grpo_ray.config import BatchPlan, Config, longest_sequence, plan_lr_segments, syncs_lora_adapter
 

@@ -40,7 +40,8 @@ from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.config import ConfigError
 from grpo_ray.data.loaders import check_data_path, load_rows, resolve_data_path
 from grpo_ray.data.prompts import tokenize_prompts
-from grpo_ray.models.loading import ModelLoadError, check_model_path, load_tokenizer, resolve_model_path
+from grpo_ray.models.hub import check_model_source
+from grpo_ray.models.loading import ModelLoadError, load_tokenizer, resolve_model_path
 from grpo_ray.commands.rewards_score import ScoringRow, row_fields_of
 from grpo_ray.rewards.scorer import RowScorer
 from grpo_ray.rewards import load_reward_function
@@ -256,7 +257,7 @@ def loaded_rope(engine) -> dict[str, Any] | None:
 
 def check_inputs(settings: EvalSettings) -> None:
     """Everything that can be checked in a second, checked before the model loads."""
-    check_model_path(settings.model, "--model")
+    check_model_source(settings.model, "--model")
     for spec in settings.data:
         check_data_path(spec, "--data")
     load_reward_function(settings.reward)  # a bad spec fails here, with the registry's message

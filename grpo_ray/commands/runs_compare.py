@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from grpo_ray.errors import first_line
+
 DEFAULT_METRICS = ("reward/mean", "eval/accuracy", "loss/total", "timing/step")
 PLOT_METRICS = ("reward/mean", "eval/accuracy")  # the two panels of --plot
 # A metric is a cost, best when lowest, when one of its "/"-separated parts is one of these
@@ -221,9 +223,7 @@ def _store_errors(tracking_uri: str) -> Iterator[None]:
         yield
     except (MlflowException, SQLAlchemyError) as err:
         text = str(err.message if isinstance(err, MlflowException) else err).strip()
-        message = text.splitlines()[0] if text else type(err).__name__
-        if len(message) > 200:
-            message = message[:199] + "…"
+        message = first_line(text, limit=200) or type(err).__name__
         raise RunsCompareError(f"tracking URI {tracking_uri}: {message}") from err
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from grpo_ray.config.paths import anchor_paths
 from grpo_ray.config.plans import check_config
 from grpo_ray.config.schema import Config, ConfigError
 
@@ -35,9 +36,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: not valid YAML{where}; fix the syntax") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
+    # config/paths.py: the recipe's relative paths against its folder, then --set's against the working directory.
+    raw = anchor_paths(raw, path.resolve().parent)
     for override in overrides:
         _apply_override(raw, override)
-    return config_from_dict(raw)
+    return config_from_dict(anchor_paths(raw, Path.cwd()))
 
 
 def config_from_dict(raw: dict[str, Any]) -> Config:

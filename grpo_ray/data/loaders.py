@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_ray.config.paths import missing_path_hint
+from grpo_ray.errors import first_line
 from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_row
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
@@ -52,7 +54,9 @@ def check_data_path(spec: str, field: str) -> None:
         return
     path = Path(spec).expanduser()
     if Path(spec).suffix in _FORMATS and not path.exists():
-        raise DataError(f"{field}: {spec} does not exist; give an existing jsonl/json/parquet/arrow file or a hub id")
+        raise DataError(
+            f"{field}: {spec} does not exist {missing_path_hint()}; give a jsonl/json/parquet/arrow file or a hub id"
+        )
 
 
 def load_rows(
@@ -106,8 +110,7 @@ def _load_records(path: str, spec: str) -> list[dict[str, Any]]:
     except DataError:
         raise
     except Exception as err:  # datasets raises many types; all mean "cannot read this"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise DataError(f"{spec}: cannot read ({first}); check the path or hub id") from None
+        raise DataError(f"{spec}: cannot read ({first_line(err)}); check the path or hub id") from None
     return list(dataset)
 
 

@@ -8,11 +8,11 @@ engine's, not ours.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from grpo_ray.errors import first_line
 from grpo_ray.types import WeightSpec
 
 TINY = "tiny"
@@ -31,18 +31,6 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
-
-
-def check_model_path(path: str, what: str = "model.path") -> None:
-    """Fail fast, in the driver, on a local path that does not exist (hub ids pass through)."""
-    if path == TINY:
-        return
-    if _looks_local(path) and not Path(path).expanduser().exists():
-        raise ModelLoadError(f"{what}: {path} does not exist; give a local model folder, a hub id, or 'tiny'")
-
-
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -50,7 +38,7 @@ def load_tokenizer(path: str):
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"tokenizer {path}: cannot load ({_first_line(err)}); check the path or hub id") from None
+        raise ModelLoadError(f"tokenizer {path}: cannot load ({first_line(err)}); check the path or hub id") from None
     if tokenizer.pad_token_id is None:
         # Causal LMs often ship without a pad token; padding is masked out everywhere we pad.
         tokenizer.pad_token = tokenizer.eos_token
@@ -87,7 +75,7 @@ def load_causal_lm(
             kwargs["config"] = config
         model = AutoModelForCausalLM.from_pretrained(resolved, dtype=getattr(torch, dtype), **kwargs)
     except (OSError, ValueError) as err:
-        raise ModelLoadError(f"model {path}: cannot load ({_first_line(err)}); check model.path") from None
+        raise ModelLoadError(f"model {path}: cannot load ({first_line(err)}); check model.path") from None
     if quantization is not None:
         from grpo_ray.models.quantization import prepare_for_adapter_training
 
@@ -102,11 +90,6 @@ def apply_lora(model: torch.nn.Module, rank: int, alpha: float, dropout: float, 
         r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules), task_type="CAUSAL_LM"
     )
     return get_peft_model(model, config)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return text[0] if text else type(err).__name__
 
 
 def sequence_logprobs(

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from grpo_ray.errors import first_line
+
 # Side of the square tensor quantised as a probe: a multiple of every bitsandbytes block size.
 _PROBE_SIZE = 64
 
@@ -33,7 +35,8 @@ def quantization_problem(kind: str | None, learners_on_gpu: bool) -> str | None:
         import bitsandbytes.functional as functional
     except Exception as err:  # ImportError, or a broken native library raising at import
         return (
-            f"model.quantization: {kind} needs bitsandbytes, which cannot be imported here ({_first_line(err)}); "
+            f"model.quantization: {kind} needs bitsandbytes, which cannot be imported here "
+            f"({first_line(err, with_type=True, limit=200)}); "
             "pip install 'grpo-ray[quant]' or remove model.quantization"
         )
     if learners_on_gpu and not torch.cuda.is_available():
@@ -48,7 +51,8 @@ def quantization_problem(kind: str | None, learners_on_gpu: bool) -> str | None:
     except Exception as err:  # bitsandbytes without a backend for this device
         return (
             f"model.quantization: bitsandbytes {bitsandbytes.__version__} cannot quantise on {device} here "
-            f"({_first_line(err)}); use a version with a {device} backend (>= 0.50 for CPU), a CUDA GPU, "
+            f"({first_line(err, with_type=True, limit=200)}); use a version with a {device} backend "
+            "(>= 0.50 for CPU), a CUDA GPU, "
             "or remove model.quantization"
         )
     return None
@@ -94,8 +98,3 @@ def keep_trainable_4bit_layout(model: torch.nn.Module) -> int:
             module.support_avx512bf16_for_cpu = False
             count += 1
     return count
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")[:200]

@@ -11,7 +11,8 @@ matrices differently but share one tokenizer, which is what counts.)
 
 from __future__ import annotations
 
-from grpo_ray.models.loading import ModelLoadError, check_model_path, load_tokenizer
+from grpo_ray.models.hub import check_model_source
+from grpo_ray.models.loading import ModelLoadError, load_tokenizer
 
 
 def vocabulary_difference(policy: dict[str, int], reference: dict[str, int]) -> str | None:
@@ -47,8 +48,8 @@ def check_reference_tokenizer(policy_tokenizer, reference_path: str | None, refe
         return
     where = "reference.tokenizer" if reference_tokenizer else "reference.model_path"
     path = reference_tokenizer or reference_path
-    check_model_path(reference_path, "reference.model_path")
-    check_model_path(path, where)
+    check_model_source(reference_path, "reference.model_path")
+    check_model_source(path, where)
     difference = vocabulary_difference(policy_tokenizer.get_vocab(), load_tokenizer(path).get_vocab())
     if difference is not None:
         raise ModelLoadError(

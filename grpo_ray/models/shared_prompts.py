@@ -40,39 +40,18 @@ def completion_logprobs(
     values, and either way out of every loss (completion_mask). `chunk_tokens`, `kernel`: as in
     sequence_logprobs (how the LM head runs)."""
     device = next(model.parameters()).device
-    input_ids, attention_mask, completion_mask = (
-        input_ids.to(device),
-        attention_mask.to(device),
-        completion_mask.to(device),
-    )
-    full = lambda: sequence_logprobs(  # noqa: E731 - the fallback, with the same arguments
-        model,
-        input_ids,
-        attention_mask,
-        temperature,
-        with_entropy=with_entropy,
-        entropy_grad=entropy_grad,
-        from_column=first_completion_column(completion_mask),
-        chunk_tokens=chunk_tokens,
-        kernel=kernel,
-    )
+    input_ids, attention_mask, completion_mask = (t.to(device) for t in (input_ids, attention_mask, completion_mask))
+    head = dict(with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_tokens=chunk_tokens, kernel=kernel)
+    start = first_completion_column(completion_mask)
+    full = lambda: sequence_logprobs(model, input_ids, attention_mask, temperature, from_column=start, **head)  # noqa: E731
     found = _distinct_prefixes(input_ids, attention_mask, completion_mask) if share_prompts else None
     if found is None:
         return full()
     lengths, prefix_lengths, prefixes, row_prefix = found
-    width = prefixes.shape[1]
-    columns = torch.arange(width, device=device)
     prefix_mask = (prefixes >= 0).long()
-    shared = model(
-        input_ids=prefixes.clamp(min=0),
-        attention_mask=prefix_mask,
-        position_ids=columns.expand(len(prefixes), width),
-        use_cache=True,
-        logits_to_keep=1,
-    ).past_key_values
-    if not _plain_dynamic_cache(shared):
+    shared = _prefix_cache(model, prefixes, prefix_mask, row_prefix)
+    if shared is None:
         return full()
-    shared.batch_select_indices(row_prefix)  # differentiable indexing: gradients sum over the rows
 
     rest_lengths = lengths - prefix_lengths
     steps = torch.arange(int(rest_lengths.max()), device=device)
@@ -101,6 +80,24 @@ def completion_logprobs(
     if entropy is not None:
         entropy = place(entropy)
     return logprobs, entropy
+
+
+def _prefix_cache(model: torch.nn.Module, prefixes: torch.Tensor, prefix_mask: torch.Tensor, row_prefix: torch.Tensor):
+    """The KV cache of each distinct prefix once, then indexed out to the rows that share it; None
+    where the model's cache is not a plain DynamicCache (the caller runs the full forward)."""
+    width = prefixes.shape[1]
+    columns = torch.arange(width, device=prefixes.device)
+    shared = model(
+        input_ids=prefixes.clamp(min=0),
+        attention_mask=prefix_mask,
+        position_ids=columns.expand(len(prefixes), width),
+        use_cache=True,
+        logits_to_keep=1,
+    ).past_key_values
+    if not _plain_dynamic_cache(shared):
+        return None
+    shared.batch_select_indices(row_prefix)  # differentiable indexing: gradients sum over the rows
+    return shared
 
 
 def _distinct_prefixes(input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_mask: torch.Tensor):

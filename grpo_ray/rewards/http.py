@@ -53,6 +53,25 @@ _MIN_SECRET_CHARS = 6
 _SECRET_HEADER_WORDS = ("auth", "token", "key", "secret", "password", "cookie", "session")
 
 
+def _check_options(url: str, timeout_s: float, retries: int, backoff_s: float) -> str:
+    """ValueError (one line) for options no request could use; the url as shown in messages."""
+    if retries < 0 or timeout_s <= 0 or backoff_s < 0:
+        raise ValueError(
+            f"http reward: retries={retries}, timeout_s={timeout_s}, backoff_s={backoff_s}; "
+            "need retries >= 0, timeout_s > 0, backoff_s >= 0"
+        )
+    where = _display_url(url)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"http reward: url {where!r} is not http(s)://host[:port]/path; fix the url")
+    if "@" in parts.netloc:  # urllib would look the whole "user:password@host" up as a host name
+        raise ValueError(
+            f"http reward: url {where!r} holds credentials (user@host), which urllib "
+            "does not send; pass them in headers, e.g. {'Authorization': ...}"
+        )
+    return where
+
+
 def http_reward(
     completions: list[str],
     prompts: list[str],
@@ -71,20 +90,7 @@ def http_reward(
     non-retryable 4xx, and ValueError (one line) when a 200 response is not
     ``{"rewards": [number | null, ...]}`` with one entry per completion.
     """
-    if retries < 0 or timeout_s <= 0 or backoff_s < 0:
-        raise ValueError(
-            f"http reward: retries={retries}, timeout_s={timeout_s}, backoff_s={backoff_s}; "
-            "need retries >= 0, timeout_s > 0, backoff_s >= 0"
-        )
-    where = _display_url(url)
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"http reward: url {where!r} is not http(s)://host[:port]/path; fix the url")
-    if "@" in parts.netloc:  # urllib would look the whole "user:password@host" up as a host name
-        raise ValueError(
-            f"http reward: url {where!r} holds credentials (user@host), which urllib "
-            "does not send; pass them in headers, e.g. {'Authorization': ...}"
-        )
+    where = _check_options(url, timeout_s, retries, backoff_s)
     payload = {
         "completions": _json_safe(list(completions)),
         "prompts": _json_safe(list(prompts)),

@@ -42,6 +42,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_ray.config.paths import missing_path_hint
+from grpo_ray.errors import first_line
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
 from grpo_ray.rewards.gsm8k import gsm8k
@@ -87,15 +89,12 @@ class RewardResultError(ValueError):
     """A reward function returned something other than one finite score or None per completion."""
 
 
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-
-
 def _load_module_from_file(spec: str, path_text: str):
     path = Path(path_text).expanduser().resolve()
     if not path.is_file():
-        raise RewardSpecError(f"reward spec {spec!r}: file {str(path)!r} not found; check the path")
+        raise RewardSpecError(
+            f"reward spec {spec!r}: file {str(path)!r} not found {missing_path_hint()}; check the path"
+        )
     # One stable name per file: loading the same file twice reuses the module, and two files
     # with the same stem (rewards/a/reward.py, rewards/b/reward.py) never collide.
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
@@ -114,7 +113,7 @@ def _load_module_from_file(spec: str, path_text: str):
     except Exception as error:
         del sys.modules[name]
         raise RewardSpecError(
-            f"reward spec {spec!r}: importing {str(path)!r} failed ({_one_line(error)}); fix the file"
+            f"reward spec {spec!r}: importing {str(path)!r} failed ({first_line(error, with_type=True)}); fix the file"
         ) from error
     return module
 
@@ -124,7 +123,7 @@ def _import_module(spec: str, module_name: str):
         return importlib.import_module(module_name)
     except Exception as error:
         raise RewardSpecError(
-            f"reward spec {spec!r}: module {module_name!r} not importable ({_one_line(error)}); "
+            f"reward spec {spec!r}: module {module_name!r} not importable ({first_line(error, with_type=True)}); "
             "check that it is installed or on PYTHONPATH"
         ) from error
 

@@ -19,9 +19,9 @@ import time
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from grpo_ray.errors import first_line
 from grpo_ray.rewards.registry import (
     RewardSpecError,
-    _one_line,
     load_reward_function,
     score_completions,
     takes_completion_ids,
@@ -68,7 +68,7 @@ def child_main(
     try:
         loaded = [load_reward_function(spec, options) for spec, options in functions]
     except Exception as error:  # noqa: BLE001 - reported to the constructor, which raises
-        conn.send(("error", str(error) if isinstance(error, RewardSpecError) else _one_line(error)))
+        conn.send(("error", str(error) if isinstance(error, RewardSpecError) else first_line(error, with_type=True)))
         return
     # Which functions take token ids (TRL's completion_ids): the parent sends them only then.
     conn.send(("ready", [takes_completion_ids(fn) for fn in loaded]))
@@ -81,7 +81,7 @@ def child_main(
             scores = score_completions(loaded[index], completions, prompts, answers, row_fields)
             response = ("ok", scores)
         except Exception as error:  # noqa: BLE001 - any failure of the function fails the request
-            response = ("error", _one_line(error))
+            response = ("error", first_line(error, with_type=True))
         conn.send(response)
 
 

@@ -14,7 +14,7 @@ from grpo_ray.config import Config
 from grpo_ray.data.loaders import DataError, Row, check_data_path, load_rows
 from grpo_ray.data.selection import in_difficulty_band, split_validation, with_instruction
 from grpo_ray.data.prompts import tokenize_prompts
-from grpo_ray.models.loading import check_model_path, load_tokenizer
+from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.models.reference_vocab import check_reference_tokenizer
 from grpo_ray.types import Probe, Prompt
 
@@ -34,9 +34,6 @@ class RunInputs:
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
-    check_model_path(cfg.model.path, "model.path")
-    if cfg.model.tokenizer:
-        check_model_path(cfg.model.tokenizer, "model.tokenizer")
     for spec in cfg.data.train_files:
         check_data_path(spec, "data.train_files")
     for spec in cfg.data.eval_files:

@@ -45,25 +45,31 @@ from grpo_ray.config import (
     Config,
     StagePlan,
     config_to_dict,
-    flatten,
     plan_batches,
     plan_stages,
     prefetch_room,
     total_steps,
 )
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
+from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
 from grpo_ray.train import interrupts
 from grpo_ray.train.checkpoint import read_state, recipe_hashes, resume_point, set_aside
 from grpo_ray.train.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
 from grpo_ray.train.evaluation import heldout_accuracy
-from grpo_ray.train.inputs import prepare_inputs
 from grpo_ray.train.metrics import step_metrics
+from grpo_ray.train.preflight import preflight
+from grpo_ray.train.opening import (
+    open_tracker,
+    report_inputs,
+    report_placement,
+    report_session,
+    report_sync,
+    report_yardstick,
+)
 from grpo_ray.train.resume import already_finished, checkpoint, restore, resume_hint
 from grpo_ray.train.rows import sample_rows
 from grpo_ray.train.run import PhaseTimer, Progress, Run, TrainResult
 from grpo_ray.train.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
-from grpo_ray.transport.probe import SEPARATION
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
@@ -73,71 +79,34 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     """Run the recipe; resume: "auto" (from the newest checkpoint in output_dir if any), "require"
     (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside)."""
     plan_batches(cfg)
-    inputs = prepare_inputs(cfg)  # checks paths, tokenises prompts: fails before any actor starts
+    inputs = preflight(cfg).inputs  # what the run needs (train/preflight.py), before any Ray or MLflow run
     output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
     hashes = recipe_hashes(config_to_dict(cfg), cfg.model_dump(mode="json", exclude_defaults=True))
-    fingerprint = hashes.current
     resume_from = resume_point(checkpoints, resume, hashes)
     state = read_state(resume_from) if resume_from else None
-    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
     if state is not None and state.finished:
+        tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
         result = already_finished(cfg, state, resume_from, tracking_uri, console)
         console.close()
         return result
-    tracker = MlflowTracker(
-        tracking_uri,
-        cfg.tracking.experiment,
-        cfg.tracking.run_name,
-        artifact_root=output_dir / "mlartifacts" if cfg.tracking.tracking_uri is None else None,
-        resume_run_id=state.run_id if state else None,
-    )
-    if state is None:  # a resumed run has its params already
-        shown = redact_config(config_to_dict(cfg))
-        tracker.log_config(flatten(shown), shown)
-    console.info(f"MLflow run {tracker.run_id} in {tracker.tracking_uri}")
-    if resume_from:
-        console.info(f"resuming from {resume_from} (step {state.step})")
-    console.info(
-        f"data: {len(inputs.train_prompts)} training and {len(inputs.eval_prompts)} evaluation prompts; skipped "
-        f"{inputs.skipped_rows} unusable rows, {inputs.dropped_too_long} over data.max_prompt_tokens, "
-        f"{inputs.dropped_by_difficulty} outside data.difficulty_band"
-    )
+    tracker = open_tracker(cfg, state, console)
+    report_inputs(inputs, resume_from, state, console)
     try:
         with tracker.ending(), ray_session(cfg.ray) as session:
-            where = (
-                "a local Ray started for this run" if session.started_local else f"the Ray cluster at {session.address}"
-            )
-            console.info(
-                f"running on {where}"
-                + (f"; Ray dashboard {session.dashboard_url}" if session.dashboard_url else "")
-                + (f"; metrics {session.metrics_url}" if session.metrics_url else "")
-            )
+            report_session(session, console)
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags(
                 {"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"}
             )
-            _report_placement(workers, tracker, console)
-            run = Run(cfg, inputs, workers, tracker, console, fingerprint)
-            _report_sync(run.sync, console)
+            report_placement(workers, tracker, console)
+            run = Run(cfg, inputs, workers, tracker, console, hashes.current)
+            report_sync(run.sync, console)
             if cfg.weight_sync.measure_raw_broadcast:
-                raw = run.sync.raw_broadcast_gbps(run.sync.num_bytes)
-                tracker.log_metrics(state.step if state else 0, {"sync/raw_broadcast_gbps": raw})
-                plain = " and ".join(
-                    way
-                    for way, ranks in (
-                        ("broadcast", run.sync.broadcast_ranks),
-                        ("copy on the device", run.sync.handoff_ranks),
-                    )
-                    if ranks
-                )
-                console.info(
-                    f"weight sync yardstick: a plain {plain} of the model's {run.sync.num_bytes / 1e6:.1f} MB "
-                    f"runs at {raw:.2f} GB/s"
-                )
+                report_yardstick(run, state.step if state else 0)
             progress = restore(run, resume_from, state) if state else _start(run)
             try:
                 return _loop(run, progress)
@@ -147,34 +116,6 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                 raise ClusterError(f"an actor failed: {error_line(err)}; {resume_hint(checkpoints)}") from None
     finally:
         console.close()
-
-
-def _report_placement(workers, tracker: MlflowTracker, console: ConsoleReporter) -> None:
-    """Where each actor landed: a line in the log, and a `placement.<actor>` tag (the node id)."""
-    placed = workers.nodes()
-    tracker.set_tags({f"placement.{name}": node for name, node in placed.items()})
-    by_node: dict[str, list[str]] = {}
-    for name, node in placed.items():
-        by_node.setdefault(node, []).append(name)
-    console.info("placement: " + "; ".join(f"{', '.join(names)} on node {node[:8]}" for node, names in by_node.items()))
-
-
-def _report_sync(sync, console: ConsoleReporter) -> None:
-    """How the weights will travel: what, how much, to how many ranks, which way (and any hand-off refused)."""
-    for note in sync.notes:
-        console.info(note)
-    what = "the LoRA adapter" if sync.adapter_only else "the weights"
-    receivers = sync.world_size - 1  # one per rollout worker, or per vLLM shard receiving itself
-    console.info(
-        f"weight sync: {what} ({sync.num_bytes / 1e6:.2f} MB) to {receivers} "
-        f"rank{'s' if receivers > 1 else ''}: {sync.route_line}"
-    )
-    if sync.start_gaps:
-        console.info(
-            f"weight probe: engine-learner kernel gap at the start {max(sync.start_gaps):.1e} (mean |log-prob "
-            f"difference|); a probe tells loaded from stale once the updates moved it {SEPARATION:g}x past that "
-            "or weight_sync.probe_tolerance, whichever is larger"
-        )
 
 
 def _start(run: Run) -> Progress:
@@ -296,13 +237,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     cfg, workers = run.cfg, run.workers
     timer = PhaseTimer()
     started = time.perf_counter()
-    sampling = SamplingSettings(
-        samples_per_prompt=cfg.rollout.samples_per_prompt,
-        max_new_tokens=stage.max_new_tokens,
-        temperature=stage.temperature,
-        top_p=stage.top_p,
-        top_k=cfg.rollout.top_k,
-    )
+    sampling = _sampling(cfg, stage)
     # Rollout and scoring (more batches with dynamic sampling), then rescue and substitution.
     batch = run.builder.next_batch(sampling, timer)
     if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
@@ -348,15 +283,31 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         probe_due = cfg.weight_sync.probe_every and step % cfg.weight_sync.probe_every == 0
         synced = _sync_weights(run, step, run.inputs.probe if probe_due else None)
     metrics = step_metrics(batch.generated, stats, synced, timer.seconds, time.perf_counter() - started)
-    # Every recovery since the last step (in this step's phases, or in an evaluation or checkpoint between).
-    counters = run.recovery.counters()
-    metrics.update({key: value - run.faults_logged.get(key, 0.0) for key, value in counters.items()})
-    run.faults_logged = counters
+    metrics.update(_recoveries_since_last_step(run))
     if workers.reference is not None:  # the KL the penalty used moves the next step's coefficient
         extra["kl/coef"] = kl_coef
         observed = extra.get("kl/reward_penalty_kl", metrics.get("actor/kl", float("nan")))
         run.kl.update(observed, int((train.row_weights > 0).sum()))
     return {**metrics, **batch.metrics, **extra}
+
+
+def _sampling(cfg: Config, stage: StagePlan) -> SamplingSettings:
+    """How this stage samples the G completions of a prompt."""
+    return SamplingSettings(
+        samples_per_prompt=cfg.rollout.samples_per_prompt,
+        max_new_tokens=stage.max_new_tokens,
+        temperature=stage.temperature,
+        top_p=stage.top_p,
+        top_k=cfg.rollout.top_k,
+    )
+
+
+def _recoveries_since_last_step(run: Run) -> dict[str, float]:
+    """Every recovery since the last step (in this step's phases, or in an evaluation or checkpoint between)."""
+    counters = run.recovery.counters()
+    since = {key: value - run.faults_logged.get(key, 0.0) for key, value in counters.items()}
+    run.faults_logged = counters
+    return since
 
 
 def _sync_weights(run: Run, step: int, probe) -> SyncResult:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_ray.errors import first_line
 from grpo_ray.transport.broadcast import BroadcastGroup, bucket_layout, host_identity
 from grpo_ray.types import WeightSpec
 
@@ -188,9 +189,7 @@ def open_ring(handle: RingHandle, identity: str) -> list[torch.Tensor]:
     except HandoffRefused:
         raise
     except Exception as err:  # noqa: BLE001 - any refusal (missing file, IPC denied) means: broadcast instead
-        raise HandoffRefused(
-            f"cannot map the ring ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
-        ) from None
+        raise HandoffRefused(f"cannot map the ring ({first_line(err, with_type=True)})") from None
     expected = check_pattern(handle.seed, min(_CHECK_BYTES, handle.slot_bytes))
     for slot in slots:
         if not torch.equal(slot[: expected.numel()].cpu(), expected):

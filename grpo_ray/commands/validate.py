@@ -1,0 +1,48 @@
+"""What `grpo-ray validate` prints about a recipe's plan: the resolved config, each role's resources,
+the batch arithmetic, the stages, the memory plan per GPU and the learning rate. The checks of
+what a run needs (models, rewards, data, resources) are train/preflight.py's, shared with `train`."""
+
+from __future__ import annotations
+
+import yaml
+
+from grpo_ray.config import Config, config_to_dict, describe_resources, plan_batches, plan_resources, plan_stages
+from grpo_ray.config.memory import memory_plan
+from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments
+
+
+def plan_report(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]]:
+    """(lines to print, warnings of the memory plan)."""
+    plan = plan_batches(cfg)
+    lines = ["# resolved config", yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip(), "", "# resources"]
+    lines += describe_resources(plan_resources(cfg))
+    reference = f"yes ({cfg.reference.model_path or 'the initial policy'})" if cfg.use_reference else "no (kl_coef = 0)"
+    lines += [
+        "",
+        "# batch per step",
+        f"prompts per step               {plan.prompts_per_step}",
+        f"completions per step           {plan.completions_per_step} ({cfg.rollout.samples_per_prompt} per prompt)",
+        f"prompts per rollout worker     {plan.prompts_per_rollout_worker}",
+        f"sequences per learner rank     {plan.sequences_per_learner_rank}",
+        f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)",
+        f"reference model                {reference}",
+        "",
+        "# stages",
+    ]
+    lines += [
+        f"{stage.name:<12} steps {stage.first_step}-{stage.last_step}  max_new_tokens {stage.max_new_tokens}  "
+        f"temperature {stage.temperature:g}  top_p {stage.top_p:g}  eval temperature {stage.eval_temperature:g}"
+        for stage in plan_stages(cfg)
+    ]
+    switches = {
+        "dynamic sampling": cfg.algorithm.dynamic_sampling,
+        "substitution": cfg.polaris.substitution,
+        "rescue": cfg.polaris.rescue,
+        "drop-easy": cfg.polaris.drop_easy_threshold is not None,
+    }
+    lines.append("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
+    memory, warnings = memory_plan(cfg, gpu_memory_gb)
+    lines += ["", f"# memory per GPU (estimate; --gpu-memory-gb {gpu_memory_gb:g})", *memory]
+    lines += ["", "# learning rate (learner.lr_schedule; actor/lr in MLflow)"]
+    lines += describe_lr_segments(plan_lr_segments(cfg))
+    return lines, warnings

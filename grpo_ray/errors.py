@@ -1,0 +1,19 @@
+"""The one line of an error a user reads: every "error: ..." the platform prints is one line, and
+the exceptions it turns into messages (a library's, a user function's) may have many."""
+
+from __future__ import annotations
+
+
+def first_line(error: BaseException | str, with_type: bool = False, limit: int = 0) -> str:
+    """The first non-empty line of `error`'s message, or its type's name when it has none.
+    with_type: "TypeName: line" (for an error whose type says what happened, e.g. a user function's
+    ZeroDivisionError). limit: at most this many characters (0: no limit), cut with "..."."""
+    text = error if isinstance(error, str) else str(error)
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    name = "" if isinstance(error, str) else type(error).__name__
+    line = lines[0] if lines else name
+    if with_type and lines and name:
+        line = f"{name}: {line}"
+    if limit and len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return line

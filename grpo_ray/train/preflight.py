@@ -1,0 +1,119 @@
+"""What a run needs, checked before any Ray starts or any MLflow run is opened: `grpo-ray validate`
+and `grpo-ray train` run the same checks, in this order, and stop at the first that fails with one
+line naming the field and the fix.
+
+1. model.quantization can run where the learners run (bitsandbytes' backend);
+2. every model and tokenizer resolves: a local folder exists, a hub id is in the local Hugging Face
+   cache or answers on the hub (one short request: offline, a one-line error at once rather than
+   transformers' retries);
+3. every reward function imports and takes its options, in the reward sandbox (user code never
+   runs in the driver);
+4. the data files exist, their rows map to a prompt and an answer, and the prompts fit
+   data.max_prompt_tokens (train/inputs.py: the run's prompts, tokenised once here);
+5. the plan fits: the connected cluster (ray.address, RAY_ADDRESS or --address), or else this
+   machine, where `train` starts a local Ray of its CPUs and GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
+from grpo_ray.config import Config, ConfigError, plan_resources
+from grpo_ray.models.hub import check_model_source
+from grpo_ray.train.inputs import RunInputs, prepare_inputs
+
+# A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
+REWARD_IMPORT_TIMEOUT_S = 120.0
+
+
+class PlanFitError(ConfigError):
+    """The plan asks for more than the cluster or this machine has; one line per shortfall."""
+
+
+@dataclass(frozen=True)
+class Preflight:
+    inputs: RunInputs  # the run's prompts, tokenised
+    where: str  # what the plan was checked against: "this machine (2 CPUs, 0 GPUs)", "the cluster at ..."
+
+
+def preflight(cfg: Config, address: str | None = None) -> Preflight:
+    """Every check above; raises the user error of the first that fails. address: a cluster to check
+    the plan against (default: ray.address, then RAY_ADDRESS; none: this machine)."""
+    check_quantization(cfg)
+    for field, source in model_sources(cfg):
+        check_model_source(source, field)
+    check_reward_functions(cfg)
+    inputs = prepare_inputs(cfg)
+    where = check_plan_fits(cfg, address or cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+    return Preflight(inputs, where)
+
+
+def check_quantization(cfg: Config) -> None:
+    """model.quantization: refuse, in one line and before anything starts, where bitsandbytes cannot run."""
+    if cfg.model.quantization is None:
+        return
+    from grpo_ray.models.quantization import quantization_problem
+
+    problem = quantization_problem(cfg.model.quantization, cfg.learner.num_gpus > 0)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def model_sources(cfg: Config) -> list[tuple[str, str]]:
+    """(field, value) of every model and tokenizer the run loads."""
+    named = [
+        ("model.path", cfg.model.path),
+        ("model.tokenizer", cfg.model.tokenizer),
+        ("reference.model_path", cfg.reference.model_path if cfg.use_reference else None),
+        ("reference.tokenizer", cfg.reference.tokenizer if cfg.use_reference else None),
+        ("reward.model.path", cfg.reward.model.path),
+        ("reward.model.tokenizer", cfg.reward.model.tokenizer if cfg.reward.model.path else None),
+    ]
+    return [(field, value) for field, value in named if value]
+
+
+def check_reward_functions(cfg: Config) -> None:
+    """Every reward function of the recipe imports and takes its options, in a reward sandbox child
+    (the user's file runs there, never in the driver); RewardSpecError names the spec."""
+    from grpo_ray.rewards.sandbox import SandboxedScorer
+
+    functions = [(f.name, dict(f.options)) for f in cfg.reward.functions]
+    functions += [(f.name, dict(f.options)) for group in cfg.reward.by_source.values() for f in group]
+    unique = list({(spec, repr(sorted(options.items()))): (spec, options) for spec, options in functions}.values())
+    with SandboxedScorer(unique, num_processes=1, start_timeout_s=REWARD_IMPORT_TIMEOUT_S):
+        pass
+
+
+def check_plan_fits(cfg: Config, address: str | None) -> str:
+    """What the plan was checked against; PlanFitError with every shortfall, one line each."""
+    roles = plan_resources(cfg)
+    bundles, _ = plan_bundles(roles, cfg.placement.colocate)
+    if address:
+        from grpo_ray.cluster.placement import nodes_at
+
+        nodes = nodes_at(address)
+        missing = shortfalls(roles, bundles, nodes)
+        where = f"the cluster at {address} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})"
+        fix = "free or add resources, or lower the recipe's num_workers, num_cpus and num_gpus"
+    else:
+        cpus, gpus = float(cfg.ray.num_cpus or os.cpu_count() or 1), float(_local_gpus())
+        missing = shortfalls(roles, bundles, [NodeView({"CPU": cpus, "GPU": gpus})])
+        if gpus:  # NCCL refuses two learner ranks on one GPU; shortfalls counts only the totals
+            missing += [line for line in nccl_conflicts(roles, bundles, gpus) if line not in missing]
+        where = f"this machine ({cpus:g} CPUs, {gpus:g} GPUs; no ray.address or RAY_ADDRESS: a local Ray)"
+        fix = (
+            "lower the recipe's num_workers, num_cpus and num_gpus (grpo-ray validate prints them), or set RAY_ADDRESS"
+        )
+    if missing:
+        lines = tuple(f"{line.replace('the cluster has', 'there are')} on {where}; {fix}" for line in missing)
+        raise PlanFitError(lines[0] if len(lines) == 1 else f"{lines[0]} (and {len(lines) - 1} more)", lines)
+    return where
+
+
+def _local_gpus() -> int:
+    """GPUs a local Ray would see here (it counts CUDA devices the same way)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
