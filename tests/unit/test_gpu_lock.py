@@ -7,8 +7,9 @@ picked, and the lock may pin nothing else; pins that contradict each other (vLLM
 2.13.0) leave no resolution at all.
 
 NEEDS THE NETWORK (PyPI): uv is installed once into /tmp/grpo-ray-uv (GRPO_RAY_UV_TOOLS; the version the
-lock names, as scripts/lock_gpu.sh does), then resolves from PyPI's index (~110 MB with a cold uv cache,
-~15 s; ~7 s warm). A network error is retried once, a resolution error never; either fails in one line.
+lock names, as scripts/lock_gpu.sh does: ~20 MB), then resolves from PyPI's index pages and the wheels'
+metadata (~115 MB a run, the index pages fetched again each time; measured on 2 cores: 11 s for this file
+the first time, 4 s after). A network error is retried once, a resolution error never; either fails in one line.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def compare(locked: dict[str, str], resolved: dict[str, str]) -> list[str]:
     problems = [f"{name}=={v} is needed but not pinned" for name, v in sorted(resolved.items()) if name not in locked]
     problems += [f"{name} is pinned at {locked[name]} but resolves to {v}"
                  for name, v in sorted(resolved.items()) if name in locked and locked[name] != v]
-    problems += [f"{name}=={v} is pinned but nothing needs it" for name, v in sorted(locked.items()) if name not in resolved]
+    problems += [f"{name}=={v} is pinned but nothing needs it"
+                 for name, v in sorted(locked.items()) if name not in resolved]
     return problems
 
 
@@ -181,7 +183,7 @@ def test_a_pin_missing_from_the_lock_or_one_nothing_needs_is_named(lock_check):
 
 @pytest.mark.timeout(400)
 def test_a_lock_pinning_torch_2_13_beside_vllm_0_26_has_no_resolution_and_is_not_retried(uv_and_args, tmp_path):
-    """A second resolution (~7 s with the first one's cache): vLLM 0.26.0's wheel pins torch==2.11.0."""
+    """A second resolution (1-5 s after the first one): vLLM 0.26.0's wheel pins torch==2.11.0."""
     broken = tmp_path / "gpu.lock"
     text = LOCK.read_text()
     assert "\ntorch==2.11.0\n" in text and "\nvllm==0.26.0\n" in text
