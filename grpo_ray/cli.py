@@ -121,6 +121,10 @@ def validate(
     from grpo_ray.commands.validate import plan_report
 
     cfg = load_config(config, overrides)
+    if not plan_only:  # a recipe that cannot run here at all, before its plan
+        from grpo_ray.train.preflight import check_quantization
+
+        check_quantization(cfg)
     lines, warnings = plan_report(cfg, gpu_memory_gb)
     for line in lines:
         click.echo(line)

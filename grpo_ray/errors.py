@@ -17,3 +17,14 @@ def first_line(error: BaseException | str, with_type: bool = False, limit: int =
     if limit and len(line) > limit:
         line = line[: limit - 3] + "..."
     return line
+
+
+# The rule config/paths.py applies, said in every error about a path that does not exist.
+RELATIVE_PATHS = (
+    "relative paths in a recipe are relative to its folder, those given with --set to the working directory"
+)
+
+
+def missing_path_hint() -> str:
+    """The tail of a "does not exist" error: which folder a relative path was read against."""
+    return f"({RELATIVE_PATHS})"

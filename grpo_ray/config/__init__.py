@@ -8,12 +8,12 @@ and what is allowed.
     256
 """
 
+from grpo_ray.config.checks import check_config
 from grpo_ray.config.loading import config_from_dict, config_to_dict, flatten, load_config
 from grpo_ray.config.plans import (
     BatchPlan,
     RoleResources,
     StagePlan,
-    check_config,
     describe_resources,
     longest_completion,
     longest_sequence,

@@ -10,7 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from grpo_ray.config.paths import anchor_paths
-from grpo_ray.config.plans import check_config
+from grpo_ray.config.checks import check_config
 from grpo_ray.config.schema import Config, ConfigError
 
 # Found by fuzzing: PyYAML's safe constructors raise far more than YAMLError on bad text:

@@ -27,17 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Said in every error about a path that does not exist (see `missing_path_hint`).
-RULE = "relative paths in a recipe are relative to its folder, those given with --set to the working directory"
-
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 _MODEL_FIELDS = (("model", "path"), ("model", "tokenizer"), ("reference", "model_path"), ("reference", "tokenizer"))
 _REWARD_MODEL_FIELDS = ("path", "tokenizer")
-
-
-def missing_path_hint() -> str:
-    """The tail of a "does not exist" error: which folder a relative path was read against."""
-    return f"({RULE})"
 
 
 def anchor_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:

@@ -162,7 +162,7 @@ def syncs_during_generation(cfg: Config) -> bool:
     )
 
 
-def check_config(cfg: Config) -> None:
+def check_plans(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)
     _check_stages(cfg)
@@ -190,9 +190,6 @@ def check_config(cfg: Config) -> None:
     _check_logprob_kernel(cfg)
     _check_state_offload(cfg)
     _check_placement(cfg)
-    from grpo_ray.config.training_plan import check_training  # it imports this module
-
-    check_training(cfg)
 
 
 def _check_reference_and_quantization(cfg: Config) -> None:

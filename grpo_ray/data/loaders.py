@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_ray.config.paths import missing_path_hint
-from grpo_ray.errors import first_line
+from grpo_ray.errors import first_line, missing_path_hint
 from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_row
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}

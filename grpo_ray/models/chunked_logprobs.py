@@ -22,9 +22,7 @@ import torch
 from torch import Tensor
 
 from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
-
-# Architectures whose causal-LM forward is exactly lm_head(decoder(...)) with a plain nn.Linear head.
-PLAIN_HEAD_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+from grpo_ray.models.lm_head import plain_lm_head
 
 
 def head_logprobs(
@@ -121,19 +119,6 @@ def _logits_stats(
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits, temperature)
     return logprobs, entropy
-
-
-def plain_lm_head(model: torch.nn.Module) -> torch.nn.Linear | None:
-    """The LM head when the model's logits are lm_head(last hidden state) and nothing else, else None."""
-    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
-    config = getattr(module, "config", None)
-    if getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES:
-        return None
-    head = module.get_output_embeddings()
-    # A peft LoRA layer on lm_head is a subclass-free wrapper, not an nn.Linear: refused.
-    if type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id"):
-        return None
-    return head
 
 
 def last_hidden_state(model: torch.nn.Module, forward: dict) -> Tensor:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from grpo_ray.config.paths import missing_path_hint
-from grpo_ray.errors import first_line
+from grpo_ray.errors import first_line, missing_path_hint
 from grpo_ray.models.loading import TINY, ModelLoadError
 
 HUB_TIMEOUT_S = 10.0

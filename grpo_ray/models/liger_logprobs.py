@@ -27,6 +27,8 @@ import re
 import torch
 from torch import Tensor
 
+from grpo_ray.models.lm_head import plain_lm_head
+
 MIN_LIGER_VERSION = (0, 8, 2)
 
 
@@ -57,8 +59,6 @@ def chosen_logprob_kernel(requested: str, model: torch.nn.Module, say: bool) -> 
     """The LM-head kernel this process uses for `model` (its device, its head) when the recipe asks
     for `requested`; where liger cannot serve, the torch path, said in one line with `say`. A liger
     that is missing or too old on a GPU is an error: the recipe asked for it where it could run."""
-    from grpo_ray.models.chunked_logprobs import plain_lm_head
-
     if requested != "liger":
         return requested
     device = next(model.parameters()).device

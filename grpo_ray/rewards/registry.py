@@ -42,8 +42,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_ray.config.paths import missing_path_hint
-from grpo_ray.errors import first_line
+from grpo_ray.errors import first_line, missing_path_hint
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
 from grpo_ray.rewards.gsm8k import gsm8k

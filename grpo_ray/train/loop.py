@@ -41,6 +41,7 @@ from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
+from grpo_ray.config.paths import relative_paths
 from grpo_ray.config import (
     Config,
     StagePlan,
@@ -85,7 +86,13 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
-    hashes = recipe_hashes(config_to_dict(cfg), cfg.model_dump(mode="json", exclude_defaults=True))
+    # Paths as seen from the working directory (config/paths.py): a checkpoint written before paths were
+    # anchored, or in a project folder since moved, still matches its recipe.
+    here = Path.cwd()
+    hashes = recipe_hashes(
+        relative_paths(config_to_dict(cfg), here),
+        relative_paths(cfg.model_dump(mode="json", exclude_defaults=True), here),
+    )
     resume_from = resume_point(checkpoints, resume, hashes)
     state = read_state(resume_from) if resume_from else None
     if state is not None and state.finished:

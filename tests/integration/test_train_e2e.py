@@ -173,8 +173,8 @@ def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_p
     assert len(notices) == (1 if any(undecided.values()) else 0), notices
 
 
-def run_cli(*args, timeout=300):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+def run_cli(*args, timeout=300, **env_vars):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **env_vars)
     return subprocess.run(
         [sys.executable, "-m", "grpo_ray.cli", *args],
         capture_output=True,
@@ -193,24 +193,36 @@ def error_lines(stderr):
     "override, expected",
     [
         ("model.path=/no/such/model", "error: model.path: /no/such/model does not exist"),
+        # HF_ENDPOINT below: a port nothing listens on, as an offline machine's hub.
+        ("model.path=someone/no-such-model", "error: model.path: someone/no-such-model is a hub id, but the Hugging"),
         ("data.train_files=[/no/such/train.jsonl]", "error: data.train_files: /no/such/train.jsonl does not exist"),
+        (
+            "reward.functions=[{name: /no/such/rewards.py:score}]",
+            "error: reward spec '/no/such/rewards.py:score': file",
+        ),
+        ("ray.num_cpus=1", "error: learner and rollout and reward need 1.5 CPUs, there are 1 on this machine"),
         ("rollout.temperature=-1", "error: rollout.temperature: Input should be greater than 0"),
     ],
 )
-def test_bad_input_is_one_line_and_leaves_no_ray_behind(tmp_path, override, expected):
+def test_bad_input_is_one_line_before_any_ray_or_mlflow_run(tmp_path, override, expected):
     before = len(ray_processes())
-    out = run_cli("train", str(TINY), "--set", f"output_dir={tmp_path}", "--set", override)
+    out = run_cli(
+        "train", str(TINY), "--set", f"output_dir={tmp_path}", "--set", override, HF_ENDPOINT="http://127.0.0.1:9"
+    )
     assert out.returncode == 1
     assert error_lines(out.stderr) == [line for line in out.stderr.splitlines() if line.strip()][-1:]
     assert error_lines(out.stderr)[0].startswith(expected), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert len(ray_processes()) == before
+    assert not (tmp_path / "mlflow.db").exists(), "a run that never started left an MLflow store"
 
 
 def test_actor_that_fails_to_start_is_named_and_ray_is_stopped(tmp_path):
-    # The folder exists (so the driver's checks pass) but holds no model: the actors fail to load it.
+    # The folder and its config.json exist (so the driver's checks pass) but hold no model: the
+    # actors fail to load it.
     empty = tmp_path / "empty-model"
     empty.mkdir()
+    (empty / "config.json").write_text("{}")
     before = len(ray_processes())
     out = run_cli(
         "train",

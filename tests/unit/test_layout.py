@@ -5,7 +5,7 @@ no import cycles between packages, and modules and functions a reader can take i
     actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
     ray: only in cluster/ and the run loop (train/loop.py); actor calls (`.remote(`) only in cluster/,
          the loop's few Ray names listed in LOOP_RAY_NAMES
-    packages: no cycle in the graph of grpo_ray's subpackages
+    packages: no cycle in the graph of grpo_ray's subpackages, nor between the modules of one package
 """
 
 from __future__ import annotations
@@ -124,6 +124,49 @@ def test_find_cycle_finds_one_and_only_one():
 def test_no_cycles_between_packages():
     cycle = find_cycle(package_graph())
     assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports, at module level or inside a function
+    (a deferred import only hides a cycle). A package's __init__ is left out: it re-exports its
+    modules by design."""
+    return {
+        module: same_package_imports(module, imported(path), set(MODULES))
+        for module, path in MODULES.items()
+        if path.name != "__init__.py"
+    }
+
+
+def same_package_imports(module: str, names: set[str], known: set[str]) -> set[str]:
+    """The modules among `known` of `module`'s own package that the imported `names` reach."""
+    package, targets = module.rpartition(".")[0], set()
+    for name in names:
+        if not name.startswith("grpo_ray."):
+            continue
+        target = name[len("grpo_ray.") :]
+        while target and target not in known:  # "config.plans.plan_stages" -> "config.plans"
+            target = target.rpartition(".")[0]
+        if target and target != module and target.rpartition(".")[0] == package:
+            targets.add(target)
+    return targets
+
+
+def test_no_cycles_between_modules_of_a_package():
+    cycle = find_cycle(module_graph())
+    assert cycle is None, "import cycle between modules: " + " -> ".join(cycle)
+
+
+def test_the_module_graph_sees_a_cycle_through_a_deferred_import():
+    # config/plans.py once imported training_plan inside a function, which imported plans at its top.
+    deferred = import_names(ast.walk(ast.parse("def check():\n    from grpo_ray.config.b import f\n")))
+    at_top = import_names(ast.walk(ast.parse("from grpo_ray.config.a import g\nimport grpo_ray.algo\n")))
+    known = {"config.a", "config.b", "algo"}
+    graph = {
+        "config.a": same_package_imports("config.a", deferred, known),
+        "config.b": same_package_imports("config.b", at_top, known),
+    }
+    assert graph == {"config.a": {"config.b"}, "config.b": {"config.a"}}
+    assert find_cycle(graph) == ["config.a", "config.b", "config.a"]
 
 
 def test_modules_are_short_enough_to_read():

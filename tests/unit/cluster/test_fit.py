@@ -4,7 +4,7 @@ import pytest
 
 from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
 from grpo_ray.config import ConfigError, config_from_dict, plan_resources
-from grpo_ray.config.plans import check_config
+from grpo_ray.config import check_config
 
 NODE_8_CPU_4_GPU = NodeView({"CPU": 8, "GPU": 4})
 

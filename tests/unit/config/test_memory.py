@@ -89,14 +89,14 @@ def test_hub_ids_resolve_through_the_table_and_unknown_ones_say_so():
 def test_validate_warns_when_a_role_exceeds_the_gpu():
     # gsm8k-ref7b: the 3B full fine-tune needs 45.98 GiB on its one GPU.
     runner = CliRunner()
-    roomy = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")])
+    roomy = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--plan-only"])
     assert roomy.exit_code == 0 and "warning" not in roomy.output
     assert re.search(
         r"learner +weights 5\.75 GiB +gradients 5\.75 GiB +optimizer 34\.49 GiB .*total 45\.98 GiB", roomy.output
     )
     # The 7B reference in bf16: 2 x 7,615,616,512 B = 14.19 GiB.
     assert re.search(r"reference +weights 14\.19 GiB", roomy.output)
-    small = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--gpu-memory-gb", "40"])
+    small = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--gpu-memory-gb", "40", "--plan-only"])
     assert small.exit_code == 0
     assert "warning: learner needs 45.98 GiB per GPU, more than --gpu-memory-gb 40" in small.output
 

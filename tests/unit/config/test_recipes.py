@@ -93,7 +93,7 @@ def test_polaris_shared_settings(path):
     # Data: POLARIS-53K with POLARIS's instruction; AIME24 for validation.
     assert cfg.data.train_files == ("POLARIS-Project/Polaris-Dataset-53K",)
     assert cfg.data.instruction == POLARIS_INSTRUCTION
-    assert cfg.data.eval_files == ("../shared/data/math-eval/aime24.parquet",)
+    assert cfg.data.eval_files == ("HuggingFaceH4/aime_2024",)  # a hub id: no path outside the repository
     # G = 8 samples of 128 prompts: 1024 completions per step.
     assert (r.samples_per_prompt, cfg.train.prompts_per_step) == (8, 128)
     assert plan_batches(cfg).completions_per_step == 1024
@@ -126,15 +126,6 @@ def test_polaris_reward_needs_a_closed_think_block(path):
     assert spec.name == "math" and spec.options["require_think_close"] is True
     fn = load_reward_function(spec.name, spec.options)
     assert fn(["so \\boxed{204}", "<think>5 h 24 min</think> \\boxed{204}"], ["", ""], ["204", "204"]) == [0.0, 1.0]
-
-
-@pytest.mark.parametrize("path", POLARIS_RECIPES, ids=recipe_id)
-def test_polaris_eval_file_path_is_relative_to_the_repository(path):
-    [spec] = load_config(path).data.eval_files
-    shared = REPO.parent / "shared"
-    if not shared.is_dir():
-        pytest.skip(f"{shared} missing: the shared math-eval data is not on this machine")
-    assert (REPO / spec).is_file()
 
 
 # ---- GSM8K --------------------------------------------------------------------------------------
@@ -187,7 +178,7 @@ def test_gsm8k_ref7b_recipe():
     assert (gpus["learner"], gpus["rollout"], gpus["reference"]) == (1, 1, 1) and cfg.placement.colocate == ()
     accuracy, reward = cfg.reward.functions
     assert (accuracy.name, accuracy.weight, reward.weight) == ("gsm8k", 0.0, 1.0)
-    shown = CliRunner().invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml")]).output
+    shown = CliRunner().invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--plan-only"]).output
     assert re.search(r"reference model +yes \(Qwen/Qwen2\.5-7B-Instruct\)", shown)
     fn = load_reward_function(reward.name, reward.options)
     # +1 / -1 for the answer, +1.25 / -1 for <think>...</think><answer>...</answer>.
@@ -214,7 +205,7 @@ def test_gsm8k_lora_zero2_warms_up_decays_and_offloads_the_optimizer():
     def lora_gib(*extra):
         shown = (
             CliRunner()
-            .invoke(main, ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", *extra])
+            .invoke(main, ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", "--plan-only", *extra])
             .output
         )
         return float(re.search(r"learner +weights .* LoRA ([0-9.]+) GiB", shown).group(1))
@@ -224,16 +215,18 @@ def test_gsm8k_lora_zero2_warms_up_decays_and_offloads_the_optimizer():
 
 @pytest.mark.parametrize("name", ["gsm8k-lora-zero2.yaml", "gsm8k-ref7b.yaml", "tldr.yaml"])
 def test_founding_recipes_validate(name):
-    result = CliRunner().invoke(main, ["validate", str(CONFIGS / name)])
+    # --plan-only: their models are hub ids and their GPUs are not on this machine (the checks of
+    # what a run needs are train/preflight.py's, tested in tests/unit/train/test_preflight.py).
+    result = CliRunner().invoke(main, ["validate", str(CONFIGS / name), "--plan-only"])
     assert result.exit_code == 0, result.output
-    assert "# memory per GPU" in result.output and result.output.rstrip().endswith("ok")
+    assert "# memory per GPU" in result.output and "not checked (--plan-only)" in result.output
 
 
 # ---- grpo-ray validate ----------------------------------------------------------------------------
 
 
 def test_validate_prints_polaris_plan_with_three_stages():
-    result = CliRunner().invoke(main, ["validate", str(CONFIGS / "polaris.yaml")])
+    result = CliRunner().invoke(main, ["validate", str(CONFIGS / "polaris.yaml"), "--plan-only"])
     assert result.exit_code == 0, result.output
     stages = result.output.split("# stages", 1)[1]
     for line in (

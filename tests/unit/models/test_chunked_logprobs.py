@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
-from grpo_ray.models.chunked_logprobs import chunked_token_stats, plain_lm_head
+from grpo_ray.models.chunked_logprobs import chunked_token_stats
+from grpo_ray.models.lm_head import plain_lm_head
 from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
 from grpo_ray.models.shared_prompts import completion_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts

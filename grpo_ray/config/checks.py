@@ -1,0 +1,15 @@
+"""Every cross-field check of a recipe, run once at load (config/loading.py): the plans' (roles,
+batches, placement: plans.py) and the schedule's (training_plan.py). Here, not in either, so that
+neither module imports the other."""
+
+from __future__ import annotations
+
+from grpo_ray.config.plans import check_plans
+from grpo_ray.config.schema import Config
+from grpo_ray.config.training_plan import check_training
+
+
+def check_config(cfg: Config) -> None:
+    """Raises ConfigError (one line naming the field) for the first combination that cannot run."""
+    check_plans(cfg)
+    check_training(cfg)

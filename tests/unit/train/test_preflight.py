@@ -1,0 +1,131 @@
+"""`grpo-ray validate` checks what a run needs (train/preflight.py), as `train` does first: each
+failure one line naming the field or file and the fix, nothing started. The train side (no Ray
+process and no MLflow run left) is tests/integration/test_train_e2e.py's bad-input test."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from grpo_ray.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "configs" / "tiny.yaml"
+
+
+def validate(*args: str, **env: str):
+    return CliRunner().invoke(main, ["validate", *map(str, args)], env=env)
+
+
+def error_line(result) -> str:
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    return line
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's project: the tiny recipe beside its own data and reward file, named relatively."""
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    rows = [{"question": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 40)]
+    (folder / "data" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "rewards.py").write_text(
+        "def score(completions, answers, **kw):\n    return [1.0 for _ in completions]\n"
+    )
+    recipe = TINY.read_text().replace("output_dir: ../runs/tiny", "output_dir: runs/mine")
+    recipe = recipe.replace("train_files: [tiny:train]", "train_files: [data/train.jsonl]")
+    recipe = recipe.replace("    - name: exact_match\n", "    - name: rewards.py:score\n")
+    (folder / "recipe.yaml").write_text(recipe)
+    return folder
+
+
+def test_a_recipe_with_its_own_data_and_reward_validates_from_any_folder(project, monkeypatch):
+    monkeypatch.chdir(project.parent)  # not the recipe's folder: its paths are relative to itself
+    result = validate(project / "recipe.yaml")
+    assert result.exit_code == 0, result.output
+    assert f"output_dir: {project}/runs/mine" in result.output
+    assert "# checked: models, reward functions, 30 training and 500 evaluation prompts, the plan on this machine" in (
+        result.output
+    )
+    assert result.output.rstrip().endswith("ok")
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "import nowhere_module\n",
+            "importing '{file}' failed (ModuleNotFoundError: No module named 'nowhere_module'); fix",
+        ),
+        ("x = 1 / 0\n", "importing '{file}' failed (ZeroDivisionError: division by zero); fix the file"),
+        (
+            "def other(completions, **kw):\n    return []\n",
+            "'{file}' has no attribute 'score'; check the function name",
+        ),
+    ],
+)
+def test_a_reward_file_that_does_not_load_is_one_line(project, text, expected):
+    (project / "rewards.py").write_text(text)
+    result = validate(project / "recipe.yaml")
+    assert result.exit_code == 1
+    line = error_line(result)
+    assert line.startswith(f"error: reward spec '{project}/rewards.py:score'"), line
+    assert expected.format(file=project / "rewards.py") in line
+    assert "Traceback" not in result.output
+
+
+def test_a_reward_option_the_function_does_not_take_is_named(project):
+    result = validate(project / "recipe.yaml", "--set", "reward.functions=[{name: math, options: {strict: true}}]")
+    assert error_line(result).startswith("error: reward 'math' has no option 'strict'; its options are:")
+
+
+def test_data_whose_fields_do_not_map_names_the_fields_it_looked_for(project):
+    (project / "data" / "train.jsonl").write_text(json.dumps({"q": "1+1=", "a": "2"}) + "\n")
+    line = error_line(validate(project / "recipe.yaml"))
+    assert line.startswith(f"error: {project}/data/train.jsonl: no usable rows (1 skipped); rows need a non-empty")
+    assert "prompt field" in line and "answer field" in line
+
+
+def test_missing_files_say_which_folder_relative_paths_are_read_against(project):
+    (project / "data" / "train.jsonl").unlink()
+    line = error_line(validate(project / "recipe.yaml"))
+    assert line == (
+        f"error: data.train_files: {project}/data/train.jsonl does not exist (relative paths in a recipe are relative "
+        "to its folder, those given with --set to the working directory); give a jsonl/json/parquet/arrow file or a "
+        "hub id"
+    )
+
+
+def test_a_hub_id_offline_is_one_line_at_once():
+    line = error_line(validate(TINY, "--set", "model.path=someone/no-such-model", HF_HUB_OFFLINE="1"))
+    assert line == (
+        "error: model.path: someone/no-such-model is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is "
+        "set; download it first (hf download someone/no-such-model) or give a local folder"
+    )
+    unreachable = error_line(
+        validate(TINY, "--set", "model.path=someone/no-such-model", HF_ENDPOINT="http://127.0.0.1:9")
+    )
+    assert unreachable.startswith(
+        "error: model.path: someone/no-such-model is a hub id, but the Hugging Face hub cannot"
+    )
+
+
+def test_a_folder_that_holds_no_model_is_refused(tmp_path):
+    line = error_line(validate(TINY, "--set", f"model.path={tmp_path}"))
+    assert line.startswith(f"error: model.path: {tmp_path} holds neither config.json nor tokenizer_config.json")
+
+
+def test_a_plan_larger_than_this_machine_says_what_is_missing():
+    result = validate(TINY, "--set", "ray.num_cpus=1", "--set", "rollout.num_gpus=1")
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 1
+    assert lines[0].startswith("error: learner and rollout and reward need 1.5 CPUs, there are 1 on this machine (1")
+    assert lines[1].startswith("error: rollout needs 1 GPUs, there are 0 on this machine")
+    assert all(line.endswith("or set RAY_ADDRESS") for line in lines)
+
+
+def test_plan_only_checks_nothing_of_this_machine():
+    result = validate(TINY, "--set", "model.path=someone/no-such-model", "--plan-only", HF_HUB_OFFLINE="1")
+    assert result.exit_code == 0, result.output
+    assert "plan only: models, rewards, data and resources not checked (--plan-only)" in result.output
