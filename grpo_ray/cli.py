@@ -319,13 +319,14 @@ def runs() -> None:
 
 
 @runs.command("compare")
-@click.argument("run_ids", nargs=-1)
-@click.option("--experiment", default=None, help="Compare every top-level run of this experiment instead of RUN_IDS.")
+@click.argument("targets", nargs=-1, metavar="[RUN_DIR... | RUN_ID...]")
+@click.option("--experiment", default=None, help="Compare every top-level run of this experiment in --tracking-uri.")
 @click.option(
     "--tracking-uri",
     envvar="MLFLOW_TRACKING_URI",
     default=None,
-    help="MLflow tracking URI, e.g. sqlite:////abs/runs/try/mlflow.db; default: $MLFLOW_TRACKING_URI.",
+    help="MLflow store of the RUN_IDs or --experiment, e.g. sqlite:////abs/runs/try/mlflow.db or http://mlflow:5000; "
+    "default: $MLFLOW_TRACKING_URI. Not with RUN_DIRs.",
 )
 @click.option(
     "--metric",
@@ -342,38 +343,41 @@ def runs() -> None:
 )
 @one_line_errors
 def runs_compare(
-    run_ids: tuple[str, ...],
+    targets: tuple[str, ...],
     experiment: str | None,
     tracking_uri: str | None,
     metrics: tuple[str, ...],
     plot: str | None,
 ) -> None:
-    """Compare MLflow runs side by side.
+    """Compare training runs side by side: run folders, run ids of one store, or an experiment.
 
-    Rows: the params that differ, the last and best value of each main metric (best is the min for
-    loss- and timing-like keys, the max otherwise), status and duration.
+    \b
+        grpo-ray runs compare runs/a runs/b
+        grpo-ray runs compare RUN_ID RUN_ID --tracking-uri sqlite:////abs/runs/try/mlflow.db
+        grpo-ray runs compare --experiment grpo-ray --tracking-uri http://mlflow:5000
+
+    A RUN_DIR is a run's output_dir, read from its own mlflow.db; where it holds several top-level runs
+    (the same output_dir trained again) its newest is compared and a line says so. Rows: the params
+    that differ, values whole; the last and best value of each main metric (best is the min for loss-
+    and timing-like keys, the max otherwise); status and duration.
     """
-    from grpo_ray.commands.runs_compare import (
-        DEFAULT_METRICS,
-        PLOT_METRICS,
-        RunsCompareError,
-        check_plot_path,
-        load_runs,
-        plot_curves,
-        table_lines,
-    )
+    from click.core import ParameterSource
 
+    from grpo_ray.commands import runs_compare as compare
+
+    typed = click.get_current_context().get_parameter_source("tracking_uri") is ParameterSource.COMMANDLINE
     try:
-        keys = metrics or DEFAULT_METRICS
+        keys = metrics or compare.DEFAULT_METRICS
         if plot is not None:
-            check_plot_path(plot)
-        found = load_runs(tracking_uri, run_ids, experiment, [*keys, *(PLOT_METRICS if plot else ())])
-        for line in table_lines(found, keys):
+            compare.check_plot_path(plot)
+        wanted = [*keys, *(compare.PLOT_METRICS if plot else ())]
+        found, notes = compare.load_compared(targets, experiment, tracking_uri, wanted, typed)
+        for line in [*notes, *compare.table_lines(found, keys)]:
             click.echo(line)
         if plot is not None:
-            plot_curves(found, plot)
+            compare.plot_curves(found, plot)
             click.echo(f"wrote {plot}")
-    except RunsCompareError as err:
+    except compare.RunsCompareError as err:
         _fail(str(err))
 
 

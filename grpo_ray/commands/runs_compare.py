@@ -1,21 +1,23 @@
 """Compare training runs side by side: `grpo-ray runs compare`.
 
+    grpo-ray runs compare runs/a runs/b
     grpo-ray runs compare 3f2a9c1e... 8b7d0a44... --tracking-uri sqlite:////abs/runs/try/mlflow.db
     MLFLOW_TRACKING_URI=http://mlflow:5000 grpo-ray runs compare --experiment grpo-ray --plot curves.png
 
-The runs are the given run ids (in that order) or every top-level run of an experiment (oldest
-first); the nested stage runs `MlflowTracker.start_stage` opens carry `mlflow.parentRunId` and are
-left out, since their parent already holds each curve complete. The table has one column per run
-and these rows:
+The runs are the newest top-level run in each run folder's own mlflow.db (a run's output_dir), the
+given run ids of one store, both in the order given, or every top-level run of an experiment (oldest
+first); nested stage runs (`MlflowTracker.start_stage`, tagged `mlflow.parentRunId`) are left out:
+their parent holds each curve complete. The table has one column per run and these rows:
 
-    params      only those whose values differ between the runs (a param missing from a run
-                differs, shown "-"), sorted; a line after the table counts the identical ones;
+    folder      for run folders only, the folder as given;
+    params      only those whose values differ between the runs (a param missing from a run differs,
+                shown "-"), sorted, each value whole (see `wrap_value`); a line counts the others;
     metrics     for each key, its last value (at the highest step) and its best value over the
                 run's history with the step it was reached at; best is the minimum for costs and
                 the maximum for everything else, by the one rule in `lower_is_better`;
     status      as MLflow has it (FINISHED, FAILED, KILLED, RUNNING), and the duration.
 
-MLflow is read here (`load_runs`); the table (`table_lines`) and the plot (`plot_curves`) only see
+MLflow is read here (`load_compared`); the table (`table_lines`) and the plot (`plot_curves`) only see
 `RunRecord`s of plain values, so they are tested on hand-made runs. Every failure of the store
 becomes a `RunsCompareError` whose one-line message names the run, experiment or tracking URI.
 """
@@ -26,7 +28,7 @@ import math
 import socket
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,7 +40,12 @@ PLOT_METRICS = ("reward/mean", "eval/accuracy")  # the two panels of --plot
 # (loss/total, timing/step, sync/seconds, reward/failed, reward/math/failures); any other key is
 # best when highest (reward/mean, eval/accuracy, throughput/...).
 COST_PARTS = frozenset({"loss", "timing", "seconds", "failed", "failures"})
-CELL_WIDTH = 40  # longer param values are cut to this many characters, ending in "…"
+# Longer param values wrap onto more lines of their cell, never cut. Wrapped rather than widened:
+# a table line wider than the terminal folds at its edge and the runs' columns interleave, while a
+# wrapped cell keeps every run's value in its own column. A fixed width, not the terminal's, so the
+# table is the same in a pipe, a log or a test; 50 keeps two runs within 130 columns.
+PARAM_WIDTH = 50
+RUN_DB = "mlflow.db"  # what a run's output_dir holds (tracking.default_tracking_uri)
 CONNECT_TIMEOUT_S = 5.0  # for an http(s) tracking server, before MLflow's own (long) retries
 
 
@@ -56,6 +63,7 @@ class RunRecord:
     duration_s: float | None  # None while the run has not ended
     params: dict[str, str]  # the flattened config, "train.steps" -> "20"
     history: dict[str, list[tuple[int, float]]]  # metric key -> (step, value), in step order
+    folder: str | None = None  # the run folder it was read from, as given; None for a run id
 
     @property
     def column(self) -> str:
@@ -104,18 +112,30 @@ def format_duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def _cut(text: str) -> str:
-    text = " ".join(text.split())  # a YAML list param may hold newlines
-    return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 1] + "…"
+def wrap_value(text: str, width: int = PARAM_WIDTH) -> str:
+    """The whole value in lines of at most `width` characters, joined by newlines: each broken after
+    its last space in its second half, else at the width, so joining the lines gives the value back.
+
+    Runs of whitespace become one space first: YAML folds a long flow list onto indented lines.
+    """
+    text, lines = " ".join(text.split()), []
+    while len(text) > width:
+        space = text.rfind(" ", width // 2, width)
+        cut = space + 1 if space >= 0 else width
+        lines.append(text[:cut])
+        text = text[cut:]
+    return "\n".join([*lines, text])
 
 
 def table_rows(runs: Sequence[RunRecord], metric_keys: Sequence[str]) -> tuple[list[list[str]], int]:
     """The rows of the table (header first, then params, metrics, status, duration) and the
     number of params identical in all runs, which have no row."""
     rows = [["", *(run.column for run in runs)]]
+    if any(run.folder for run in runs):
+        rows.append(["folder", *(run.folder or "-" for run in runs)])
     differ, identical = split_params([run.params for run in runs])
     for key in differ:
-        rows.append([key, *(_cut(run.params.get(key, "-")) for run in runs)])
+        rows.append([key, *(wrap_value(run.params.get(key, "-")) for run in runs)])
     for key in metric_keys:
         summaries = [last_and_best(run.history.get(key, []), key) for run in runs]
         rows.append([f"{key} last", *(format_value(s[0]) if s else "-" for s in summaries)])
@@ -131,9 +151,16 @@ def table_rows(runs: Sequence[RunRecord], metric_keys: Sequence[str]) -> tuple[l
 
 
 def format_grid(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Left-aligned columns, two spaces apart, no trailing blanks."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    """Left-aligned columns, two spaces apart, no trailing blanks; a cell holding newlines makes
+    its row that many lines tall, the other cells blank below their first line."""
+    cells = [[cell.split("\n") for cell in row] for row in rows]
+    widths = [max(len(line) for row in cells for line in row[i]) for i in range(len(rows[0]))]
+    lines = []
+    for row in cells:
+        for depth in range(max(len(cell) for cell in row)):
+            parts = (cell[depth] if depth < len(cell) else "" for cell in row)
+            lines.append("  ".join(part.ljust(width) for part, width in zip(parts, widths)).rstrip())
+    return lines
 
 
 def table_lines(runs: Sequence[RunRecord], metric_keys: Sequence[str] = DEFAULT_METRICS) -> list[str]:
@@ -151,7 +178,9 @@ def check_plot_path(path: str) -> None:
 
 
 def plot_labels(runs: Sequence[RunRecord]) -> list[str]:
-    """Run names, with the id prefix only where two runs share a name."""
+    """Run folders where all have one, else run names with the id prefix where two share a name."""
+    if all(run.folder for run in runs):
+        return [run.folder for run in runs]
     names = [run.name for run in runs]
     return [run.column if names.count(run.name) > 1 else run.name for run in runs]
 
@@ -188,6 +217,75 @@ def plot_curves(runs: Sequence[RunRecord], path: str, keys: Sequence[str] = PLOT
 
 
 # ---- reading MLflow ---------------------------------------------------------------------------
+
+THREE_WAYS = (
+    "give run folders (runs/a runs/b), run ids with --tracking-uri URI, or --experiment NAME with --tracking-uri URI"
+)
+
+
+def load_compared(
+    targets: Sequence[str], experiment: str | None, tracking_uri: str | None, keys: Sequence[str], uri_flag: bool
+) -> tuple[list[RunRecord], list[str]]:
+    """The runs the arguments name, and notes for the user (one line each). targets: run folders (a
+    folder here, or a path: run ids hold no "/") or run ids; uri_flag: --tracking-uri was typed."""
+    folders = [target for target in targets if "/" in target or Path(target).is_dir()]
+    if 0 < len(folders) < len(targets):
+        other = next(target for target in targets if target not in folders)
+        raise RunsCompareError(f"{folders[0]} is a run folder but {other} is not: {THREE_WAYS}, not a mix")
+    if folders and (experiment or uri_flag):  # not ignored: the user may think they chose the store
+        option = "--experiment" if experiment else "--tracking-uri"
+        raise RunsCompareError(f"{option}: not with run folders, each read from its own {RUN_DB}; drop {option}")
+    if folders:
+        return load_folders(folders, keys)
+    if not targets and not experiment:
+        raise RunsCompareError(THREE_WAYS)
+    if targets and not tracking_uri:
+        raise RunsCompareError(
+            f"{targets[0]}: no such folder, and run ids need --tracking-uri (or MLFLOW_TRACKING_URI)"
+        )
+    return load_runs(tracking_uri, targets, experiment, keys), []
+
+
+def folder_database(target: str) -> Path:
+    """The absolute path of a run folder's mlflow.db; a one-line error naming the folder if none."""
+    path = Path(target)
+    if not path.is_dir():
+        raise RunsCompareError(f"{target}: no such folder; give a run's output_dir (the folder holding {RUN_DB})")
+    if not (path / RUN_DB).is_file():
+        inside = [str(found.parent) for found in sorted(path.glob(f"*/{RUN_DB}"))[:4]]
+        fix = f"the run folders in it: {', '.join(inside)}" if inside else "give the output_dir of a training run"
+        raise RunsCompareError(f"{target} holds no {RUN_DB}: not a run's output_dir; {fix}")
+    return (path / RUN_DB).resolve()
+
+
+def load_folders(targets: Sequence[str], metric_keys: Sequence[str]) -> tuple[list[RunRecord], list[str]]:
+    """The newest top-level run of each folder's own store, in the order given; a note for each
+    folder holding several (its output_dir trained again), saying how to compare them all."""
+    records, notes, seen = [], [], set()
+    for target in targets:
+        database = folder_database(target)
+        if database not in seen:
+            seen.add(database)
+            found, note = _newest_run(f"sqlite:///{database}", str(Path(target)), metric_keys)
+            records.append(found)
+            notes.extend(note)
+    if len(records) < 2:
+        raise RunsCompareError("only one distinct run folder given; compare needs at least two different runs")
+    return records, notes
+
+
+def _newest_run(uri: str, folder: str, metric_keys: Sequence[str]) -> tuple[RunRecord, list[str]]:
+    with _store_errors(uri):
+        client = _open_client(uri)
+        found = _top_level(client, [each.experiment_id for each in client.search_experiments()], "DESC")
+        if not found:
+            raise RunsCompareError(f"{folder}/{RUN_DB} holds no run yet; give the output_dir of a run that started")
+        newest, experiment = found[0].info, client.get_experiment(found[0].info.experiment_id).name
+        note = (
+            f"{folder} holds {len(found)} runs; comparing its newest, {newest.run_name} ({newest.run_id[:8]}); "
+            f"all: grpo-ray runs compare --experiment {experiment} --tracking-uri {uri}"
+        )
+        return replace(_record(client, found[0], metric_keys), folder=folder), [note] if len(found) > 1 else []
 
 
 def load_runs(
@@ -266,10 +364,15 @@ def _top_level_runs(client, experiment: str, tracking_uri: str) -> list:
     found = client.get_experiment_by_name(experiment)
     if found is None or found.lifecycle_stage == "deleted":
         raise RunsCompareError(f"unknown experiment {experiment!r} at {tracking_uri}")
+    return _top_level(client, [found.experiment_id], "ASC")
+
+
+def _top_level(client, experiment_ids: list[str], order: str) -> list:
+    """Every active run of the experiments without a parent, by start time (order: ASC or DESC)."""
     runs, token = [], None
     while True:
         page = client.search_runs(
-            [found.experiment_id], order_by=["attributes.start_time ASC"], max_results=1000, page_token=token
+            experiment_ids, order_by=[f"attributes.start_time {order}"], max_results=1000, page_token=token
         )
         runs.extend(run for run in page if "mlflow.parentRunId" not in run.data.tags)
         token = page.token

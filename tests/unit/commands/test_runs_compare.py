@@ -2,6 +2,7 @@
 real sqlite MLflow store filled by `MlflowTracker`, with every one-line error."""
 
 import re
+from dataclasses import replace
 import socket
 
 import pytest
@@ -19,8 +20,9 @@ from grpo_ray.commands.runs_compare import (
     plot_labels,
     split_params,
     table_lines,
+    wrap_value,
 )
-from grpo_ray.tracking import MlflowTracker
+from grpo_ray.tracking import MlflowTracker, default_tracking_uri
 
 # ---- pure functions ---------------------------------------------------------------------------
 
@@ -75,6 +77,24 @@ def test_format_grid_pads_columns_and_strips_line_ends():
     assert format_grid([["", "a", "bb"], ["key", "", "c"]]) == ["     a  bb", "key     c"]
 
 
+def test_format_grid_gives_a_cell_of_several_lines_a_row_as_tall():
+    # "xx\nyyy" makes its row two lines, the other cells blank on the second; column 1 is 3 wide.
+    assert format_grid([["k", "xx\nyyy", "z"], ["j", "w", "v"]]) == ["k  xx   z", "   yyy", "j  w    v"]
+
+
+def test_wrap_value_keeps_every_character():
+    # Width 10: "alpha beta gamma" breaks after its last space within columns 5-9, "alpha beta "
+    # has it at index 10, out of reach, so after "alpha " (6); "beta gamma" is 10 and fits.
+    assert wrap_value("alpha beta gamma", 10) == "alpha \nbeta gamma"
+    # No space in a line's second half: cut at the width exactly.
+    assert wrap_value("a" * 23, 10) == "a" * 10 + "\n" + "a" * 10 + "\n" + "aaa"
+    # YAML's folded lines become one line first; short values are left alone.
+    assert wrap_value("[x,\n    y]", 10) == "[x, y]"
+    value = "[{name: math, options: {answer_field: answer, boxed_only: true, tolerance: 1.0e-06}}]" * 3
+    assert "".join(wrap_value(value).split("\n")) == value
+    assert all(len(line) <= 50 for line in wrap_value(value).split("\n"))
+
+
 BASE = RunRecord(
     run_id="aaaaaaaa1111",
     name="base",
@@ -101,21 +121,23 @@ HOT = RunRecord(
 
 def test_table_of_two_hand_made_runs():
     # Params: data.files, only.a (missing from hot) and train.lr differ, sorted; model and
-    # train.steps are equal: 2 identical. data.files is cut to 40 characters, the last "…".
+    # train.steps are equal: 2 identical. data.files is 62 characters without a space: whole, its
+    # first 50 (PARAM_WIDTH) on its row, the other 12 on a line of their own below.
     # reward/mean: base last 0.4, best (max) 0.5 at step 2; hot last 0.8, best 0.8 at step 3.
     # loss/total: base last 0.7, best (min) 0.6 at step 2; hot never logged it.
-    # Column 0 is as wide as "reward/mean best (max)" (22), column 1 as "data.files" cell (40).
+    # Column 0 is as wide as "reward/mean best (max)" (22), column 1 as data.files's first line (50).
     assert table_lines([BASE, HOT], ["reward/mean", "loss/total"]) == [
-        "                        base (aaaaaaaa)                           hot (bbbbbbbb)",
-        "data.files              [aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa…  [b]",
-        "only.a                  x                                         -",
-        "train.lr                1e-06                                     1e-05",
-        "reward/mean last        0.4                                       0.8",
-        "reward/mean best (max)  0.5 (step 2)                              0.8 (step 3)",
-        "loss/total last         0.7                                       -",
-        "loss/total best (min)   0.6 (step 2)                              -",
-        "status                  FINISHED                                  FAILED",
-        "duration                1m05s                                     -",
+        "                        base (aaaaaaaa)                                     hot (bbbbbbbb)",
+        "data.files              [" + "a" * 49 + "  [b]",
+        "                        " + "a" * 11 + "]",
+        "only.a                  x                                                   -",
+        "train.lr                1e-06                                               1e-05",
+        "reward/mean last        0.4                                                 0.8",
+        "reward/mean best (max)  0.5 (step 2)                                        0.8 (step 3)",
+        "loss/total last         0.7                                                 -",
+        "loss/total best (min)   0.6 (step 2)                                        -",
+        "status                  FINISHED                                            FAILED",
+        "duration                1m05s                                               -",
         "2 params identical in all runs (not shown)",
     ]
 
@@ -255,7 +277,7 @@ def one_line_error(result):
         (["{base}", "{base}"], "error: only one distinct run id given"),
         (["--experiment", "solo"], "error: experiment 'solo' has 1 top-level run(s); compare needs at least two"),
         (["{base}", "{hot}", "--experiment", "grpo"], "error: give either run ids or --experiment NAME"),
-        ([], "error: give either run ids or --experiment NAME"),
+        ([], "error: give run folders (runs/a runs/b), run ids with --tracking-uri URI, or --experiment NAME"),
         (["{base}", "{hot}", "--plot", "curves.pdf"], "error: --plot curves.pdf: must be a .png file"),
     ],
 )
@@ -266,6 +288,8 @@ def test_one_line_errors(store, args, message):
 
 def test_missing_tracking_uri(store):
     line = one_line_error(compare(store["base"], store["hot"]))  # MLFLOW_TRACKING_URI unset
+    assert line == f"error: {store['base']}: no such folder, and run ids need --tracking-uri (or MLFLOW_TRACKING_URI)"
+    line = one_line_error(compare("--experiment", "grpo"))
     assert line == "error: --tracking-uri: give the MLflow tracking URI (or set MLFLOW_TRACKING_URI)"
 
 
@@ -288,3 +312,114 @@ def test_a_file_that_is_no_database(tmp_path):
     (tmp_path / "notes.db").write_text("not sqlite")
     line = one_line_error(compare("a", "b", "--tracking-uri", f"sqlite:///{tmp_path / 'notes.db'}"))
     assert line.startswith(f"error: tracking URI sqlite:///{tmp_path / 'notes.db'}: ") and "not a database" in line
+
+
+# ---- run folders: each read from its own <output_dir>/mlflow.db ---------------------------------
+
+# A reward function whose options make its MLflow param long (YAML flow text, 170 characters); run
+# folders a and b differ only in its last option, which a 40-character cut used to hide.
+MATH = {"name": "math_verify", "weight": 1.0}
+OPTIONS = {"answer_field": "answer", "boxed_only": True, "system_prompt": "Reason step by step, then answer."}
+FUNCTIONS_A = (
+    "[{name: math_verify, options: {answer_field: answer, boxed_only: true, system_prompt: 'Reason step by step,"
+    " then answer.', tolerance: 1.0e-06}, weight: 1.0}]"
+)
+FUNCTIONS_B = FUNCTIONS_A.replace("1.0e-06", "0.0001")
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    """runs/a and runs/b (one run each, as `grpo-ray train` writes them), runs/again (trained twice),
+    runs/empty (no mlflow.db)."""
+    root = tmp_path_factory.mktemp("project") / "runs"
+    common = {"model": "tiny", "train.steps": 3}
+    for name, tolerance, steps in (("a", 1e-6, BASE_METRICS), ("b", 1e-4, HOT_METRICS)):
+        (root / name).mkdir(parents=True)
+        functions = [{**MATH, "options": {**OPTIONS, "tolerance": tolerance}}]
+        log_run(default_tracking_uri(root / name), "grpo-ray", "tiny", {**common, "reward.functions": functions}, steps)
+    (root / "again").mkdir()
+    log_run(default_tracking_uri(root / "again"), "grpo-ray", "first", common, BASE_METRICS, stage="stage1")
+    log_run(default_tracking_uri(root / "again"), "grpo-ray", "second", common, HOT_METRICS)
+    (root / "empty").mkdir()
+    return root
+
+
+def cells_below(output, label):
+    """The cells of a row whose values may wrap: each run's column, its lines joined by a space
+    (values break after a space), read at the header's column offsets."""
+    lines = output.splitlines()
+    header = next(line for line in lines if line.startswith(" "))
+    starts = [match.start() for match in re.finditer(r"(?<=  )\S", header)]
+    first = next(i for i, line in enumerate(lines) if line.startswith(label + " "))
+    rows = [lines[first]]
+    for line in lines[first + 1 :]:
+        if not line.startswith(" "):  # the next row's label
+            break
+        rows.append(line)
+    bounds = list(zip(starts, [*starts[1:], None]))
+    return [" ".join(filter(None, (row[a:b].strip() for row in rows))) for a, b in bounds]
+
+
+def test_two_run_folders_side_by_side(runs_root, monkeypatch):
+    [run] = MlflowClient(default_tracking_uri(runs_root / "a")).search_runs(["0", "1"])
+    assert run.data.params["reward.functions"].split() == FUNCTIONS_A.split()  # MLflow's, up to YAML's line folds
+    monkeypatch.chdir(runs_root.parent)
+    result = compare("runs/a", "runs/b/")
+    assert result.exit_code == 0, result.output
+    rows = parse_table(result.output)
+    # Both runs are named "tiny"; the folder row tells them apart.
+    assert rows["folder"] == ["runs/a", "runs/b"]
+    assert [label for label in rows if "." in label and " " not in label] == ["reward.functions"]
+    # Whole, wrapped over four lines each: the one difference is at characters 150-156.
+    assert cells_below(result.output, "reward.functions") == [FUNCTIONS_A, FUNCTIONS_B]
+    assert all(len(line) <= 24 + 2 * (50 + 2) for line in result.output.splitlines())
+    assert rows["reward/mean best (max)"] == ["0.5 (step 2)", "0.8 (step 3)"]
+    assert rows["loss/total best (min)"] == ["0.6 (step 2)", "0.4 (step 3)"]
+    assert rows["status"] == ["FINISHED", "FINISHED"]
+    assert result.output.splitlines()[-1] == "2 params identical in all runs (not shown)"
+
+
+def test_a_folder_trained_twice_gives_its_newest_run_and_says_so(runs_root, tmp_path):
+    again, plot = runs_root / "again", tmp_path / "curves.png"
+    result = compare(str(again), str(runs_root / "a"), "--plot", str(plot), env={"MLFLOW_TRACKING_URI": "http://x:1"})
+    assert result.exit_code == 0, result.output  # the environment's tracking URI is not used
+    note = result.output.splitlines()[0]
+    assert note.startswith(f"{again} holds 2 runs; comparing its newest, second (")
+    assert note.endswith(
+        f"; all: grpo-ray runs compare --experiment grpo-ray --tracking-uri sqlite:///{again}/mlflow.db"
+    )
+    assert parse_table(result.output)["reward/mean last"] == ["0.8", "0.4"]  # second logged HOT_METRICS
+    assert plot.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_folder_plot_labels_are_the_folders():
+    assert plot_labels([replace(BASE, folder="runs/a"), replace(BASE, folder="runs/b")]) == ["runs/a", "runs/b"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["runs/empty", "runs/a"], "runs/empty holds no mlflow.db: not a run's output_dir; give the output_dir of a"),
+        (
+            ["runs", "runs/a"],
+            "runs holds no mlflow.db: not a run's output_dir; the run folders in it: runs/a, runs/again",
+        ),
+        (["runs/typo", "runs/a"], "runs/typo: no such folder; give a run's output_dir (the folder holding mlflow.db)"),
+        (["runs/a", "3f2a9c1e"], "runs/a is a run folder but 3f2a9c1e is not: give run folders (runs/a runs/b), run"),
+        (["runs/a", "runs/a/"], "only one distinct run folder given; compare needs at least two different runs"),
+        (["runs/a", "runs/b", "--tracking-uri", "sqlite:///x.db"], "--tracking-uri: not with run folders, each read"),
+        (["runs/a", "runs/b", "--experiment", "grpo-ray"], "--experiment: not with run folders, each read from its"),
+        ([], "give run folders (runs/a runs/b), run ids with --tracking-uri URI, or --experiment NAME with"),
+    ],
+)
+def test_run_folder_errors(runs_root, monkeypatch, args, message):
+    monkeypatch.chdir(runs_root.parent)
+    assert one_line_error(compare(*args)).startswith(f"error: {message}")
+
+
+def test_a_store_without_runs(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        MlflowClient(default_tracking_uri(tmp_path / name)).search_experiments()  # creates the tables only
+    line = one_line_error(compare(str(tmp_path / "a"), str(tmp_path / "b")))
+    assert line == f"error: {tmp_path / 'a'}/mlflow.db holds no run yet; give the output_dir of a run that started"
