@@ -23,7 +23,7 @@ import ray  # noqa: E402
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker  # noqa: E402
 from grpo_ray.actors.rollout import pack_slice  # noqa: E402
-from grpo_ray.cluster.dispatch import pool_scores  # noqa: E402
+from grpo_ray.cluster.dispatch import collect_scores, pool_tasks  # noqa: E402
 from grpo_ray.types import Completion, Prompt  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "math-eval"
@@ -45,10 +45,11 @@ def math_batch(count: int):
 
 
 def measure(workers, batch_ref, count: int, repeats: int) -> float:
-    pool_scores(workers, [batch_ref], [count])  # warm-up: math-verify loads lazily in each child
+    # Warm-up: math-verify loads lazily in each child.
+    collect_scores((pool_tasks(workers, batch_ref, count), None), 0.0)
     started = time.perf_counter()
     for _ in range(repeats):
-        [scored] = pool_scores(workers, [batch_ref], [count])
+        scored = collect_scores((pool_tasks(workers, batch_ref, count), None), 0.0)
     seconds = (time.perf_counter() - started) / repeats
     assert abs(float(scored.rewards.mean()) - 0.5) < 0.05, "half the answers are right"
     return count / seconds

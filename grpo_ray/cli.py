@@ -6,7 +6,7 @@
     grpo-ray eval --model tiny --data tiny:heldout --temperature 0 --max-tokens 4 --reward exact_match
     grpo-ray sweep-temperature --model tiny --data tiny:heldout --temperatures 0.6,1.0,1.4 --n 8
     grpo-ray polaris drop-easy --ledger ledger.jsonl --data train.parquet --output stage2.jsonl
-    grpo-ray runs compare --experiment grpo-ray --tracking-uri sqlite:///runs/try/mlflow.db --plot curves.png
+    grpo-ray runs compare runs/try runs/other --plot curves.png
 
 Every user-facing error ends the command with one line naming the field or file and what to do,
 and exit code 1 (130 on Ctrl-C); a local Ray started here is stopped in every case.
@@ -240,6 +240,9 @@ def rewards_score(config: str, data: str, output: str | None, overrides: tuple[s
 def eval_command(**options) -> None:
     """Sample completions on benchmark files and report avg@k and pass@k per data source."""
     from grpo_ray.commands.evaluate import EvalSettings, evaluate
+    from grpo_ray.quiet import quiet_driver
+
+    quiet_driver()
 
     report = evaluate(EvalSettings(**options), log=click.echo)
     for line in report.table_lines():
@@ -278,6 +281,9 @@ def sweep_temperature_command(temperatures: str, **options) -> None:
     """Report accuracy (avg@n) and diversity at each temperature, to pick the rollout temperature (POLARIS)."""
     from grpo_ray.commands.evaluate import EvalSettings
     from grpo_ray.commands.temperature_sweep import parse_temperatures, sweep_temperatures
+    from grpo_ray.quiet import quiet_driver
+
+    quiet_driver()
 
     chosen = parse_temperatures(temperatures)
     settings = EvalSettings(temperature=chosen[0], experiment="grpo-ray-sweep-temperature", **options)

@@ -24,6 +24,10 @@ _ROUTINE_LOGGERS = {
     "mlflow.store.db.utils": logging.WARNING,  # "Creating initial MLflow database tables..."
     "alembic.runtime.migration": logging.WARNING,  # MLflow's schema migrations on a new store
     "ray._private.authentication.authentication_token_setup": logging.ERROR,  # token auth is on: good
+    # "Timeout is disabled ...": the math reward turns math-verify's own timer off on purpose (it runs
+    # in the reward sandbox, whose per-call timeout is the one that holds).
+    "math_verify.parser": logging.ERROR,
+    "math_verify.grader": logging.ERROR,
 }
 
 

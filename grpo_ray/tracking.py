@@ -167,10 +167,6 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def redact_secrets(env: dict[str, str]) -> dict[str, str]:
-    return {k: ("***" if _SECRET_NAME.search(k) else v) for k, v in env.items()}
-
-
 def redact_config(value: Any, environ: dict[str, str] | None = None) -> Any:
     """The config as MLflow may see it: values under secret-looking keys (api_key, token, ...)
     and any string equal to the value of a secret-looking environment variable become "***"."""

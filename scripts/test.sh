@@ -28,6 +28,11 @@ RUN_ELSEWHERE=(
   --deselect "tests/integration/test_vllm_engine.py::test_every_shard_of_a_tensor_parallel_engine_loads_every_sync[handoff]"
   --deselect "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy[vllm]"
 )
+# The code's format and lint first (ruff, configured in pyproject.toml): seconds, and a failure says
+# exactly which line; the suite still runs, so one run reports both.
+echo "== ruff format --check and ruff check"
+.venv/bin/ruff format --check --quiet . && .venv/bin/ruff check --quiet .
+lint=$?
 # --durations: CI's log names the slowest tests, the first place to look when the run nears 55 minutes.
 .venv/bin/python -m pytest --durations=40 "${RUN_ELSEWHERE[@]}" "$@"
 newest=$?
@@ -39,4 +44,4 @@ else
   echo "error: scripts/setup_vllm_oldest.sh failed"
   oldest=1
 fi
-[ $newest -eq 0 ] && [ $oldest -eq 0 ]
+[ $lint -eq 0 ] && [ $newest -eq 0 ] && [ $oldest -eq 0 ]

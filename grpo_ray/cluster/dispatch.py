@@ -166,12 +166,6 @@ def collect_scores(tasks: tuple[dict[int, object], object | None], model_weight:
         raise CallFailed(err) from err
 
 
-def pool_scores(rewards: list, slice_refs: list, rows: list[int]) -> list[ScoredSlice]:
-    """Every slice's rows split evenly across the reward workers; one ScoredSlice per slice."""
-    parts = [pool_tasks(rewards, ref, n) for ref, n in zip(slice_refs, rows)]
-    return [ScoredSlice.concat(ray.get(list(per_slice.values()))) for per_slice in parts]
-
-
 def gather_fail_fast(calls: list) -> list:
     """Every call's result; the first failure ends the wait (CallFailed), since a dead learner rank
     leaves the others blocked in a collective that would never return."""

@@ -9,7 +9,7 @@ and what is allowed.
 """
 
 from grpo_ray.config.checks import check_config
-from grpo_ray.config.loading import config_from_dict, config_to_dict, flatten, load_config
+from grpo_ray.config.loading import config_from_dict, config_from_mapping, config_to_dict, flatten, load_config
 from grpo_ray.config.plans import (
     BatchPlan,
     RoleResources,
@@ -39,6 +39,7 @@ __all__ = [
     "check_config",
     "check_training",
     "config_from_dict",
+    "config_from_mapping",
     "config_to_dict",
     "describe_resources",
     "flatten",

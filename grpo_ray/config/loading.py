@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, ...)")
     # config/paths.py: the recipe's relative paths against its folder, then --set's against the working directory.
-    raw = anchor_paths(raw, path.resolve().parent)
+    # absolute(), not resolve(): a recipe reached through a symlinked folder is read where the user put it.
+    return config_from_mapping(anchor_paths(raw, path.absolute().parent), overrides)
+
+
+def config_from_mapping(raw: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """A recipe given as a dict (the Python API), with `dotted.key=value` overrides; its relative
+    paths, like --set's, are relative to the working directory."""
+    raw = copy.deepcopy(dict(raw))
     for override in overrides:
         _apply_override(raw, override)
     return config_from_dict(anchor_paths(raw, Path.cwd()))

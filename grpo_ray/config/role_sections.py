@@ -44,9 +44,11 @@ class DataConfig(_Section):
     train_files: tuple[str, ...] = ("tiny:train",)
     # Held-out files for evaluation accuracy, or "tiny:heldout". Empty: no evaluation.
     eval_files: tuple[str, ...] = ("tiny:heldout",)
-    # Field holding the prompt; null: the first of prompt/question/problem/input/instruction.
+    # Field holding the prompt; null: the row's format decides (verl, GSM8K, POLARIS), else the first
+    # present of input, question, instruction, prompt, problem (data/formats.py).
     prompt_field: str | None = None
-    # Field holding the reference answer; null: the first of answer/solution/output/ground_truth.
+    # Field holding the reference answer; null: the row's format decides, else the first present of
+    # output, answer, response, completion, solution.
     answer_field: str | None = None
     # Prompts longer than this many tokens (after the chat template) are dropped and counted.
     max_prompt_tokens: int = Field(512, ge=1)

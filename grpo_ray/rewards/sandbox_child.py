@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from grpo_ray.errors import first_line
+from grpo_ray.quiet import quiet_driver
 from grpo_ray.rewards.registry import (
     RewardSpecError,
     load_reward_function,
@@ -63,6 +64,7 @@ def child_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an aborting function writes no core files
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    quiet_driver()  # a spawned child starts with Python's default log levels: the routine notices again
     if memory_limit_mb is not None:
         _limit_memory(memory_limit_mb)
     try:

@@ -213,7 +213,10 @@ def _open_stage(run: Run, stage: StagePlan, progress: Progress) -> None:
         run.tracker.resume_stage(progress.open_stage_run)
         progress.open_stage_run = None
         return
-    run.tracker.start_stage(stage.name, asdict(stage))
+    # A recipe of one implicit stage (no `stages:`) is the run itself: no nested MLflow run, whose
+    # curves and model would repeat the run's.
+    if run.cfg.stages:
+        run.tracker.start_stage(stage.name, asdict(stage))
     run.console.info(
         f"stage {stage.name}: steps {stage.first_step}-{stage.last_step}, temperature "
         f"{stage.temperature:g}, max_new_tokens {stage.max_new_tokens}"
@@ -340,9 +343,10 @@ def _finish_stage(run: Run, stage: StagePlan, is_last: bool) -> None:
     folder = run.output_dir / "stages" / stage.name
     folder.mkdir(parents=True, exist_ok=True)
     builder.ledger.save(folder / "ledger.jsonl")
-    run.tracker.log_stage_artifact(folder / "ledger.jsonl")
-    model_dir = run.workers.save_model(folder / "model")
-    run.tracker.set_stage_tag("grpo_ray.model_dir", model_dir or "")
+    if cfg.stages:  # one implicit stage: its model is the run's, saved once at the end (_loop)
+        run.tracker.log_stage_artifact(folder / "ledger.jsonl")
+        model_dir = run.workers.save_model(folder / "model")
+        run.tracker.set_stage_tag("grpo_ray.model_dir", model_dir or "")
     threshold = cfg.polaris.drop_easy_threshold
     if threshold is not None and not is_last:
         prompts = builder.stream.prompts

@@ -8,6 +8,8 @@ one: Ray reads its auth mode once per process.
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -182,11 +184,32 @@ def submit(cluster, tmp_path: Path, name: str, *overrides: str, output: str | No
     return re.search(r"Job '(raysubmit_\w+)' submitted successfully", out.stdout + out.stderr).group(1)
 
 
-def test_a_submitted_job_succeeds_and_streams_its_log(two_nodes, tmp_path):
-    job = submit(two_nodes, tmp_path, "ok")
+README_SUBMIT = next(
+    line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("ray job submit")
+)
+
+
+def test_the_readmes_job_submit_runs_from_an_uploaded_working_dir(two_nodes, tmp_path):
+    # The README's command with this cluster's address, this checkout's .venv for /opt/grpo-ray's,
+    # a temporary folder for /shared, and SHORT: the recipe is read inside the uploaded folder.
+    project = tmp_path / "project"
+    shutil.copytree(ROOT / "configs", project / "configs")
+    command = (
+        README_SUBMIT.replace("http://HEAD:8265", two_nodes["dashboard"])
+        .replace("/opt/grpo-ray/.venv/bin", str(BIN))
+        .replace("/shared", str(tmp_path / "shared"))
+    )
+    args = shlex.split(command)
+    args[3:3] = ["--no-wait"]  # after `ray job submit`
+    args += [item for setting in SHORT for item in ("--set", setting)]
+    out = subprocess.run(
+        [str(BIN / "ray"), *args[1:]], cwd=project, capture_output=True, text=True, env=ENV, timeout=120
+    )
+    job = re.search(r"Job '(raysubmit_\w+)' submitted successfully", ANSI.sub("", out.stdout + out.stderr)).group(1)
     logs = ray_cli("job", "logs", "-f", "--address", two_nodes["dashboard"], job, timeout=400)
     assert "step 1/2" in logs.stdout and "step 2/2" in logs.stdout and "done: held-out accuracy" in logs.stdout
     assert job_status(two_nodes, job) == "succeeded"
+    assert (tmp_path / "shared" / "runs" / "tiny" / "mlflow.db").is_file(), "the run's store on the shared folder"
 
 
 def listed(cluster, kind: str, state: str) -> list[dict]:

@@ -5,7 +5,7 @@ import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import pack_slice
-from grpo_ray.cluster.dispatch import pool_scores
+from grpo_ray.cluster.dispatch import collect_scores, pool_tasks
 from grpo_ray.train.rows import failure_counts
 from grpo_ray.types import Completion, Prompt
 
@@ -43,8 +43,9 @@ def test_two_workers_split_rows_and_agree_with_one(local_ray):
     remote = ray.remote(num_cpus=0.25)(RewardWorker)
     one = [remote.remote(functions, RewardIsolation("subprocess", 1, 30.0))]
     two = [remote.remote(functions, RewardIsolation("subprocess", 1, 30.0)) for _ in range(2)]
-    [single] = pool_scores(one, [batch_ref], [40])
-    [split] = pool_scores(two, [batch_ref], [40])
+    # The run's own path: the slice's rows split across the workers, their parts concatenated.
+    single = collect_scores((pool_tasks(one, batch_ref, 40), None), 0.0)
+    split = collect_scores((pool_tasks(two, batch_ref, 40), None), 0.0)
     expected_math = np.array([0.0 if i % 3 == 0 else 1.0 for i in range(40)])
     np.testing.assert_array_equal(single.per_function["math"], expected_math)
     np.testing.assert_array_equal(split.rewards, single.rewards)

@@ -35,10 +35,9 @@ NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
 VLLM_LEARNS = ["rollout.backend=vllm", "rollout.vllm.cpu_kv_cache_gb=0.25", "rollout.groups_per_chunk=4"]
 
 
-@pytest.mark.parametrize(
-    "backend, overrides",
-    [pytest.param("hf", [], id="hf"), pytest.param("vllm", VLLM_LEARNS, marks=NEEDS_VLLM, id="vllm")],
-)
+# The hf backend's run of this test is the README's first run (test_readme_commands.py), which
+# checks the same figures and metrics through the command line.
+@pytest.mark.parametrize("backend, overrides", [pytest.param("vllm", VLLM_LEARNS, marks=NEEDS_VLLM, id="vllm")])
 def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
     # 200 steps of 32 prompts x 8 samples. From ~21%, the plain single-process loop reaches ~32%
     # by step 200; this loop, measured here: 21.0% -> 30.2% on hf, and on vllm streamed or not (the
@@ -274,9 +273,9 @@ def test_ctrl_c_stops_the_run_and_its_local_ray(tmp_path):
     # The MLflow run is closed as KILLED, not left RUNNING.
     client = MlflowClient(f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
-    # The training run and its (one) stage's nested run.
-    assert sorted("mlflow.parentRunId" in r.data.tags for r in runs) == [False, True]
-    assert [r.info.status for r in runs] == ["KILLED", "KILLED"]
+    # One run: a recipe without stages logs no nested stage run (its curves would repeat the run's).
+    assert ["mlflow.parentRunId" in r.data.tags for r in runs] == [False]
+    assert [r.info.status for r in runs] == ["KILLED"]
 
 
 def test_a_reward_function_that_always_fails_stops_the_run_naming_it(tmp_path):

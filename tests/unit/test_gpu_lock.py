@@ -64,10 +64,14 @@ def resolved_by(lock_text: str) -> tuple[str, list[str]] | None:
 def compare(locked: dict[str, str], resolved: dict[str, str]) -> list[str]:
     """What differs between the lock's pins and the resolution's, one short line each."""
     problems = [f"{name}=={v} is needed but not pinned" for name, v in sorted(resolved.items()) if name not in locked]
-    problems += [f"{name} is pinned at {locked[name]} but resolves to {v}"
-                 for name, v in sorted(resolved.items()) if name in locked and locked[name] != v]
-    problems += [f"{name}=={v} is pinned but nothing needs it"
-                 for name, v in sorted(locked.items()) if name not in resolved]
+    problems += [
+        f"{name} is pinned at {locked[name]} but resolves to {v}"
+        for name, v in sorted(resolved.items())
+        if name in locked and locked[name] != v
+    ]
+    problems += [
+        f"{name}=={v} is pinned but nothing needs it" for name, v in sorted(locked.items()) if name not in resolved
+    ]
     return problems
 
 
@@ -76,7 +80,7 @@ def first_error(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     errors = [i for i, line in enumerate(lines) if line.startswith("error:")]
     start = errors[0] if errors else 0
-    tail = lines[start + 1:]
+    tail = lines[start + 1 :]
     return " / ".join([lines[start]] + tail[-2:]) if lines else "(no message)"
 
 
@@ -110,9 +114,11 @@ def ensure_uv(version: str) -> Path:
     if probe and probe.returncode == 0 and probe.stdout.split()[1:2] == [version]:
         return uv
     subprocess.run([sys.executable, "-m", "venv", "--clear", TOOLS], check=True, capture_output=True)
-    result, _ = with_one_retry([str(TOOLS / "bin" / "pip"), "install", "-q", "--timeout", "30", "--retries", "1",
-                                f"uv=={version}"], dict(os.environ),
-                               lambda r: bool(NETWORK_ERROR.search(r.stderr)) or "No matching distribution" in r.stderr)
+    result, _ = with_one_retry(
+        [str(TOOLS / "bin" / "pip"), "install", "-q", "--timeout", "30", "--retries", "1", f"uv=={version}"],
+        dict(os.environ),
+        lambda r: bool(NETWORK_ERROR.search(r.stderr)) or "No matching distribution" in r.stderr,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"pip could not install uv=={version}: {first_error(result.stderr)}")
     return uv
@@ -124,7 +130,8 @@ def check_gpu_lock(lock: Path, uv: Path, args: list[str]) -> Check:
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", UV_HTTP_TIMEOUT="30", UV_NO_PROGRESS="1")
     cmd = [str(uv), "pip", "compile", "--quiet", "--no-header", "--no-annotate", *args, "-c", str(lock)]
     result, attempts = with_one_retry(
-        cmd, env, lambda r: "No solution found" not in r.stderr and bool(NETWORK_ERROR.search(r.stderr)))
+        cmd, env, lambda r: "No solution found" not in r.stderr and bool(NETWORK_ERROR.search(r.stderr))
+    )
     if result.returncode != 0:
         return Check([f"no resolution: {first_error(result.stderr)}"], attempts=attempts)
     resolved = pins(result.stdout)
@@ -144,8 +151,11 @@ def checked(lock: Path, uv: Path, args: list[str]) -> Check:
 def uv_and_args() -> tuple[Path, list[str]]:
     made_by = resolved_by(LOCK.read_text())
     if made_by is None:
-        pytest.fail("requirements/gpu.lock has no '# Resolved by: uv X pip compile ...' line: regenerate it with"
-                    " bash scripts/lock_gpu.sh", pytrace=False)
+        pytest.fail(
+            "requirements/gpu.lock has no '# Resolved by: uv X pip compile ...' line: regenerate it with"
+            " bash scripts/lock_gpu.sh",
+            pytrace=False,
+        )
     version, args = made_by
     try:
         return ensure_uv(version), args
@@ -163,10 +173,19 @@ def lock_check(uv_and_args) -> Check:
 def test_the_gpu_lock_pins_exactly_what_its_resolution_for_the_gpu_machine_needs(lock_check):
     if lock_check.problems:
         more = f" (and {len(lock_check.problems) - 3} more)" if len(lock_check.problems) > 3 else ""
-        pytest.fail("requirements/gpu.lock is out of date, rerun bash scripts/lock_gpu.sh: "
-                    + "; ".join(lock_check.problems[:3]) + more, pytrace=False)
+        pytest.fail(
+            "requirements/gpu.lock is out of date, rerun bash scripts/lock_gpu.sh: "
+            + "; ".join(lock_check.problems[:3])
+            + more,
+            pytrace=False,
+        )
     assert {name: lock_check.resolved[name] for name in ("torch", "vllm", "ray", "deepspeed", "transformers")} == {
-        "torch": "2.11.0", "vllm": "0.26.0", "ray": "2.60.0", "deepspeed": "0.19.8", "transformers": "5.17.0"}
+        "torch": "2.11.0",
+        "vllm": "0.26.0",
+        "ray": "2.60.0",
+        "deepspeed": "0.19.8",
+        "transformers": "5.17.0",
+    }
 
 
 def test_a_pin_missing_from_the_lock_or_one_nothing_needs_is_named(lock_check):
@@ -178,7 +197,8 @@ def test_a_pin_missing_from_the_lock_or_one_nothing_needs_is_named(lock_check):
     assert compare(planted, lock_check.resolved) == [
         f"triton=={lock_check.resolved['triton']} is needed but not pinned",
         f"numba is pinned at 0.64.0 but resolves to {lock_check.resolved['numba']}",
-        "left-pad==1.0 is pinned but nothing needs it"]
+        "left-pad==1.0 is pinned but nothing needs it",
+    ]
 
 
 @pytest.mark.timeout(400)
@@ -209,5 +229,6 @@ def test_setup_gpu_stops_before_installing_anything_where_nvidia_smi_finds_no_gp
     assert result.returncode == 1
     assert result.stdout + result.stderr == (
         "error: scripts/setup_gpu.sh installs CUDA builds of torch and vLLM for an NVIDIA GPU (nvidia-smi found none);"
-        " on a CPU machine run bash scripts/setup.sh\n")
+        " on a CPU machine run bash scripts/setup.sh\n"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "scripts"]

@@ -205,7 +205,10 @@ def test_gsm8k_lora_zero2_warms_up_decays_and_offloads_the_optimizer():
     def lora_gib(*extra):
         shown = (
             CliRunner()
-            .invoke(main, ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", "--plan-only", *extra])
+            .invoke(
+                main,
+                ["validate", str(CONFIGS / "gsm8k-lora-zero2.yaml"), "--gpu-memory-gb", "8", "--plan-only", *extra],
+            )
             .output
         )
         return float(re.search(r"learner +weights .* LoRA ([0-9.]+) GiB", shown).group(1))
