@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_ray.config import load_config  # noqa: E402
-from grpo_ray.train.loop import train  # noqa: E402
+from grpo_ray.training.loop import train  # noqa: E402
 
 WORKLOAD = [
     "rollout.backend=vllm",

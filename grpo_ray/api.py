@@ -4,7 +4,7 @@
 
     checked = grpo_ray.validate("configs/tiny.yaml", {"train.steps": 20})
     print(checked.plan_lines[-1], checked.train_prompts)
-    result = grpo_ray.train("configs/tiny.yaml", {"train.steps": 20, "output_dir": "runs/api"})
+    result = grpo_ray.training("configs/tiny.yaml", {"train.steps": 20, "output_dir": "runs/api"})
     print(result.eval_accuracy[0], "->", result.eval_accuracy[20], "model in", result.model_dir)
 
 A recipe is a YAML file's path (its relative paths are relative to its folder), a dict shaped as
@@ -26,7 +26,7 @@ import yaml
 from grpo_ray.config import Config, config_from_mapping, load_config
 
 if TYPE_CHECKING:
-    from grpo_ray.train.run import TrainResult
+    from grpo_ray.training.run import TrainResult
 
 Recipe = str | Path | Mapping[str, Any] | Config
 Overrides = Mapping[str, Any] | Sequence[str]
@@ -57,7 +57,7 @@ def validate(recipe: Recipe, overrides: Overrides = (), address: str | None = No
     machine or the cluster at `address` (default ray.address, then RAY_ADDRESS). Returns a
     Validation; raises the first problem's error."""
     from grpo_ray.commands.validate import plan_report
-    from grpo_ray.train.preflight import preflight
+    from grpo_ray.training.preflight import preflight
 
     cfg = load(recipe, overrides)
     lines, warnings = plan_report(cfg, gpu_memory_gb)
@@ -73,7 +73,7 @@ def train(recipe: Recipe, overrides: Overrides = (), resume: str = "auto", verbo
     model_dir, last_metrics. resume: "auto" (from output_dir's newest checkpoint if any), "require"
     or "never" (start over, old checkpoints moved aside)."""
     from grpo_ray.quiet import quiet_driver, set_verbose
-    from grpo_ray.train.loop import train as run_training
+    from grpo_ray.training.loop import train as run_training
 
     cfg = load(recipe, overrides)
     set_verbose(verbose)

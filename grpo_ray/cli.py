@@ -35,13 +35,13 @@ from grpo_ray.config import (  # noqa: E402
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user as is (one line, names the thing)."""
-    from grpo_ray.train.checkpoint import CheckpointError
+    from grpo_ray.training.checkpoint import CheckpointError
     from grpo_ray.cluster.placement import ClusterError
     from grpo_ray.cluster.weight_broadcast import WeightSyncError
     from grpo_ray.data.loaders import DataError
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
-    from grpo_ray.train.errors import RunStoppedError
+    from grpo_ray.training.errors import RunStoppedError
 
     return (
         ConfigError,
@@ -122,7 +122,7 @@ def validate(
 
     cfg = load_config(config, overrides)
     if not plan_only:  # a recipe that cannot run here at all, before its plan
-        from grpo_ray.train.preflight import check_quantization
+        from grpo_ray.training.preflight import check_quantization
 
         check_quantization(cfg)
     lines, warnings = plan_report(cfg, gpu_memory_gb)
@@ -134,7 +134,7 @@ def validate(
         click.echo("plan only: models, rewards, data and resources not checked (--plan-only)")
         return
     from grpo_ray.quiet import quiet_driver
-    from grpo_ray.train.preflight import preflight
+    from grpo_ray.training.preflight import preflight
 
     quiet_driver()
     checked = preflight(cfg, address)
@@ -170,8 +170,8 @@ def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose:
 
     set_verbose(verbose)
     quiet_driver()
-    from grpo_ray.train import interrupts
-    from grpo_ray.train.loop import train as run_training
+    from grpo_ray.training import interrupts
+    from grpo_ray.training.loop import train as run_training
 
     interrupts.install()
 

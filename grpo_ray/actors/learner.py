@@ -359,7 +359,7 @@ class LearnerWorker:
         save_tensors({"cpu": torch.get_rng_state()}, os.path.join(folder, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, folder: str) -> None:
-        """Every rank calls it; files are read with weights_only=True (see grpo_ray.train.checkpoint)."""
+        """Every rank calls it; files are read with weights_only=True (see grpo_ray.training.checkpoint)."""
         from grpo_ray.models.tensor_files import CheckpointError, load_tensors
 
         with self.offload.present():

@@ -15,7 +15,7 @@ road for both ways): a rollout worker's share of the prompts with the same seeds
 that sampled the rest of the batch, a reward worker's unfinished scoring calls. The batch is then
 the one an unhurt run draws.
 
-Next hop: the recipe (train/batch.py's BatchBuilder) turns the ScoredBatch into rows (train/rows.py).
+Next hop: the recipe (training/batch.py's BatchBuilder) turns the ScoredBatch into rows (training/rows.py).
 """
 
 from __future__ import annotations

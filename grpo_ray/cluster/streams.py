@@ -4,7 +4,7 @@ Each rollout worker hands back chunks of whole groups as they finish (RolloutWor
 a Ray streaming call); every chunk goes to the reward pool the moment it arrives, so scoring runs
 while later groups still generate, and one long completion holds back only its own group. The
 rollout service (cluster/rollout_service.py) reads the scored chunks as they come and can stop the
-rollout once it has what it needs (dynamic sampling); the rows go in group order (train/rows.py
+rollout once it has what it needs (dynamic sampling); the rows go in group order (training/rows.py
 `batch_rows`), so which group finished first never shows.
 
     streamed = StreamedRollout(cfg, workers, prompts, sampling, group_offset, version)

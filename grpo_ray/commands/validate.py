@@ -1,6 +1,6 @@
 """What `grpo-ray validate` prints about a recipe's plan: the resolved config, each role's resources,
 the batch arithmetic, the stages, the memory plan per GPU and the learning rate. The checks of
-what a run needs (models, rewards, data, resources) are train/preflight.py's, shared with `train`."""
+what a run needs (models, rewards, data, resources) are training/preflight.py's, shared with `train`."""
 
 from __future__ import annotations
 

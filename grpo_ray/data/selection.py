@@ -1,6 +1,6 @@
 """Recipe-level choices over loaded rows: instruction suffix, difficulty band, validation split.
 
-Pure functions over `Row`s; `train/inputs.py` applies them in this order before tokenising. A filter
+Pure functions over `Row`s; `training/inputs.py` applies them in this order before tokenising. A filter
 that removes every row is an error naming that filter, never an empty run.
 """
 

@@ -1,7 +1,7 @@
 """Tensor files of checkpoints: written so that a full disk says so, read with weights_only.
 
 The learners write their DeepSpeed state and the reference its weights through these; the run's
-checkpoint folders (train/checkpoint.py) hold them. torch.load runs with weights_only=True and an
+checkpoint folders (training/checkpoint.py) hold them. torch.load runs with weights_only=True and an
 allowlist of the plain classes DeepSpeed's ZeRO optimizer state names: a pickle that would run
 code is refused.
 """

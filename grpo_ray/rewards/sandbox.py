@@ -31,15 +31,17 @@ thread polling ``os.getppid()`` (when busy).
 
 Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard
 kill of the parent such a child lingers until that code returns; daemonic children may not start
-multiprocessing pools (``subprocess`` is fine); and, as for any spawn-based multiprocessing, each
-child imports the parent's main module, so a script that builds a scorer must do so under
-``if __name__ == "__main__":`` (Ray's worker script does).
+multiprocessing pools (``subprocess`` is fine). Unlike plain spawn-based multiprocessing, a child
+never runs the parent's main script (_main_not_reimported), so a script may build a scorer, or call
+grpo_ray.training, at its top level.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+from contextlib import contextmanager
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -224,7 +226,8 @@ class SandboxedScorer:
             daemon=True,
             name="grpo-ray-reward-sandbox",
         )
-        process.start()
+        with _main_not_reimported():
+            process.start()
         child_conn.close()  # the child holds the only other end: its death is EOF here
         return _Child(process, parent_conn, "starting", time.monotonic() + self._start_timeout_s)
 
@@ -368,3 +371,24 @@ class SandboxedScorer:
             elif error is None:
                 error = task_error
         return SandboxResult(scores, error)
+
+
+@contextmanager
+def _main_not_reimported():
+    """While a child starts: `spawn` would run the parent's main script again in the child (its
+    preparation imports __main__ by path or name), so a script that calls grpo_ray.validate or
+    train at its top level, with no `if __name__ == "__main__":`, would start itself again. The
+    child needs only its target and the reward specs, all importable by name: it is told there is
+    no main module to prepare."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__dict__["__spec__"] = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)

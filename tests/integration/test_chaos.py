@@ -4,7 +4,7 @@ and checkpoints). Every death is recovered and the run equals a straight run ste
 
 The schedule is seeded: each kill names a driver phase to wait for, a role and a worker, and a delay
 into the phase. The killer runs in a thread of this process, beside the driver (train() in the main
-thread), reads the driver's phase (train/run.py current_phase) and finds the worker's process by the
+thread), reads the driver's phase (training/run.py current_phase) and finds the worker's process by the
 title Ray gives it ("ray::RolloutWorker.generate" while it generates, "ray::RolloutWorker" idle).
 """
 
@@ -20,8 +20,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
-from grpo_ray.train.run import current_phase
+from grpo_ray.training.loop import train
+from grpo_ray.training.run import current_phase
 
 ROOT = Path(__file__).resolve().parents[2]
 # 35 steps: every kill has landed by step ~20 (the last in step 18 of a 50-step run, measured on the

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE_LAYOUT = "74293a50088c0a4433accf31277137f85113f37a"

@@ -142,9 +142,8 @@ def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
 
     fits = validate("rollout.node_labels={pool: rollout}", "learner.resources={learner_node: 1}")
     assert fits.returncode == 0, fits.stderr
-    assert re.search(r"2 nodes: CPU 4, learner_node 1, rollout_node 2", fits.stdout) and fits.stdout.rstrip().endswith(
-        "ok"
-    )
+    assert re.search(r"the plan on the cluster at \S+ \(2 nodes: CPU 4, learner_node 1, rollout_node 2\)", fits.stdout)
+    assert fits.stdout.rstrip().endswith("ok")
     short = validate(
         "rollout.num_gpus=4",
         "rollout.num_workers=2",
@@ -152,11 +151,14 @@ def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
         "reward.node_labels={pool: reward}",
     )
     assert short.returncode == 1
-    assert short.stderr.splitlines() == [
-        "missing: rollout needs 8 GPUs, the cluster has 0",
-        "missing: learner needs resource gpu_node x2, no node has it",
-        "missing: reward needs a node labelled pool=reward, no node has that label",
-    ]
+    where = f"on the cluster at {two_nodes['gcs']} (2 nodes: CPU 4, learner_node 1, rollout_node 2); free or add"
+    lines = [line for line in short.stderr.splitlines() if line.startswith("error:")]
+    assert [line.split(where)[0] for line in lines] == [
+        "error: rollout needs 8 GPUs, there are 0 ",
+        "error: learner needs resource gpu_node x2, no node has it ",
+        "error: reward needs a node labelled pool=reward, no node has that label ",
+    ], short.stderr
+    assert all(where in line for line in lines)
 
 
 def submit(cluster, tmp_path: Path, name: str, *overrides: str, output: str | None = None) -> str:

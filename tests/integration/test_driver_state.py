@@ -11,10 +11,10 @@ import pytest
 
 from grpo_ray.config import config_from_dict
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.train.errors import NonFiniteUpdateError, RunStoppedError
-from grpo_ray.train.loop import _count_skipped_update
-from grpo_ray.train.run import Progress
-from grpo_ray.train.batch import BatchBuilder
+from grpo_ray.training.errors import NonFiniteUpdateError, RunStoppedError
+from grpo_ray.training.loop import _count_skipped_update
+from grpo_ray.training.run import Progress
+from grpo_ray.training.batch import BatchBuilder
 from grpo_ray.tracking import ConsoleReporter
 from grpo_ray.types import Prompt
 
@@ -77,7 +77,7 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
 
 def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
     from grpo_ray.cluster.rollout_service import Flight
-    from grpo_ray.train.batch import Generation
+    from grpo_ray.training.batch import Generation
     from grpo_ray.types import SamplingSettings
 
     b = builder()

@@ -19,7 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 
 from .conftest import HAS_VLLM, kill_child_titled, ray_processes
 

@@ -16,10 +16,10 @@ from grpo_ray.cluster.weight_broadcast import WeightBroadcaster, WeightSyncError
 from grpo_ray.config import RoleResources, config_from_dict, plan_batches
 from grpo_ray.data.loaders import load_rows
 from grpo_ray.data.prompts import tokenize_prompts
-from grpo_ray.train.rows import StepRows
-from grpo_ray.train.update import group_advantages
+from grpo_ray.training.rows import StepRows
+from grpo_ray.training.update import group_advantages
 from grpo_ray.models.loading import load_tokenizer
-from grpo_ray.train.inputs import make_probe
+from grpo_ray.training.inputs import make_probe
 from grpo_ray.types import LearnerShard, SamplingSettings
 
 

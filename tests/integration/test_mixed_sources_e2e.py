@@ -6,7 +6,7 @@ import json
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.data.loaders import load_rows
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 from grpo_ray.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_tokenizer
 
 from .test_train_e2e import metric_history, quick_cfg

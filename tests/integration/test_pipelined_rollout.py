@@ -17,8 +17,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
-from grpo_ray.train.run import current_phase
+from grpo_ray.training.loop import train
+from grpo_ray.training.run import current_phase
 
 from .conftest import kill_child_titled
 

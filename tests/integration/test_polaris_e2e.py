@@ -12,9 +12,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.algo.polaris import PromptLedger
-from grpo_ray.train.checkpoint import read_state
+from grpo_ray.training.checkpoint import read_state
 from grpo_ray.config import config_from_dict
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
 G = 8

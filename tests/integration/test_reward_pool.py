@@ -6,7 +6,7 @@ import pytest
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.actors.rollout import pack_slice
 from grpo_ray.cluster.dispatch import collect_scores, pool_tasks
-from grpo_ray.train.rows import failure_counts
+from grpo_ray.training.rows import failure_counts
 from grpo_ray.types import Completion, Prompt
 
 USER_REWARDS = """

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 
 from .test_faults import SHORT, TINY
 

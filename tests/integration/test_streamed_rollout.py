@@ -9,7 +9,7 @@ which group finished first: the same groups, in the same order, so the same loss
 import pytest
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 
 from .conftest import HAS_VLLM
 from .test_train_e2e import TINY, metric_history

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 
 from .conftest import HAS_VLLM
 from .test_train_e2e import TINY, metric_history

@@ -8,8 +8,8 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.checkpoint import complete_checkpoints, read_state
-from grpo_ray.train.loop import train
+from grpo_ray.training.checkpoint import complete_checkpoints, read_state
+from grpo_ray.training.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 # A checkpoint is due after every step (0.0001 minutes), none by step count.

@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_ray.config import load_config
-from grpo_ray.train.loop import train
+from grpo_ray.training.loop import train
 from grpo_ray.transport.probe import SEPARATION
 
 from .conftest import HAS_VLLM, ray_processes

@@ -3,7 +3,7 @@ no import cycles between packages, and modules and functions a reader can take i
 
     algo, rewards, types, config: neither ray, deepspeed nor vllm (pure, tested on hand-worked data)
     actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
-    ray: only in cluster/ and the run loop (train/loop.py); actor calls (`.remote(`) only in cluster/,
+    ray: only in cluster/ and the run loop (training/loop.py); actor calls (`.remote(`) only in cluster/,
          the loop's few Ray names listed in LOOP_RAY_NAMES
     packages: no cycle in the graph of grpo_ray's subpackages, nor between the modules of one package
 """
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "grpo_ray"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 PURE = ("algo", "rewards", "types", "config")
-RAY_ALLOWED = ("cluster", "train.loop")
+RAY_ALLOWED = ("cluster", "training.loop")
 # What the run loop may read from `ray` itself: the cluster's size for its tags, and Ray's errors.
 LOOP_RAY_NAMES = {"nodes", "cluster_resources", "exceptions"}
 
@@ -78,7 +78,7 @@ def test_ray_only_in_cluster_and_the_run_loop():
     offenders = [
         m for m, path in MODULES.items() if "ray" in third_party(imported(path)) and not within(m, RAY_ALLOWED)
     ]
-    assert offenders == [], f"these import ray outside cluster/ and train/loop.py: {offenders}"
+    assert offenders == [], f"these import ray outside cluster/ and training/loop.py: {offenders}"
 
 
 def package_of(module: str) -> str:
@@ -243,7 +243,7 @@ def test_actor_calls_and_ray_live_in_cluster_and_the_loops_few_lines():
         if within(module, ("cluster",)):
             continue
         names, remote_calls = ray_uses(path)
-        allowed = LOOP_RAY_NAMES if module == "train.loop" else set()
+        allowed = LOOP_RAY_NAMES if module == "training.loop" else set()
         if names - allowed or remote_calls:
             offenders[module] = (sorted(names - allowed), remote_calls)
     assert offenders == {}, f"Ray calls outside cluster/ (ray names used, .remote( calls): {offenders}"

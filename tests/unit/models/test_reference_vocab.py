@@ -15,7 +15,7 @@ from grpo_ray.config import ConfigError, config_from_dict
 from grpo_ray.models.loading import ModelLoadError, load_tokenizer
 from grpo_ray.models.reference_vocab import check_reference_tokenizer, vocabulary_difference
 from grpo_ray.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_tokenizer
-from grpo_ray.train.inputs import prepare_inputs
+from grpo_ray.training.inputs import prepare_inputs
 from grpo_ray.types import RolloutSlice
 
 QWEN2_TOKENIZER = Path("/work/shared/tokenizers/qwen2")

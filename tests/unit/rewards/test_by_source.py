@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
-from grpo_ray.train.rows import StepRows
+from grpo_ray.training.rows import StepRows
 from grpo_ray.config import ConfigError, config_from_dict
 from grpo_ray.commands.rewards_score import read_scoring_rows, score_rows, summary_lines
 from grpo_ray.rewards.by_source import RewardPlan, eval_source_accuracies
-from grpo_ray.train.metrics import generation_metrics
+from grpo_ray.training.metrics import generation_metrics
 from grpo_ray.types import RolloutSlice
 
 R1 = {"pattern": "r1"}

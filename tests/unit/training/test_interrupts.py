@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from grpo_ray.train import interrupts
+from grpo_ray.training import interrupts
 
 
 def test_a_swallowed_interrupt_is_raised_again_at_the_next_check():

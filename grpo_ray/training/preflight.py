@@ -9,7 +9,7 @@ line naming the field and the fix.
 3. every reward function imports and takes its options, in the reward sandbox (user code never
    runs in the driver);
 4. the data files exist, their rows map to a prompt and an answer, and the prompts fit
-   data.max_prompt_tokens (train/inputs.py: the run's prompts, tokenised once here);
+   data.max_prompt_tokens (training/inputs.py: the run's prompts, tokenised once here);
 5. the plan fits: the connected cluster (ray.address, RAY_ADDRESS or --address), or else this
    machine, where `train` starts a local Ray of its CPUs and GPUs.
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
 from grpo_ray.config import Config, ConfigError, plan_resources
 from grpo_ray.models.hub import check_model_source
-from grpo_ray.train.inputs import RunInputs, prepare_inputs
+from grpo_ray.training.inputs import RunInputs, prepare_inputs
 
 # A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
 REWARD_IMPORT_TIMEOUT_S = 120.0
@@ -95,7 +95,7 @@ def check_plan_fits(cfg: Config, address: str | None) -> str:
 
         nodes = nodes_at(address)
         missing = shortfalls(roles, bundles, nodes)
-        where = f"the cluster at {address} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})"
+        where = f"the cluster at {address} ({_totals(nodes)})"
         fix = "free or add resources, or lower the recipe's num_workers, num_cpus and num_gpus"
     else:
         cpus, gpus = float(cfg.ray.num_cpus or os.cpu_count() or 1), float(_local_gpus())
@@ -110,6 +110,17 @@ def check_plan_fits(cfg: Config, address: str | None) -> str:
         lines = tuple(f"{line.replace('the cluster has', 'there are')} on {where}; {fix}" for line in missing)
         raise PlanFitError(lines[0] if len(lines) == 1 else f"{lines[0]} (and {len(lines) - 1} more)", lines)
     return where
+
+
+def _totals(nodes: list[NodeView]) -> str:
+    """ "2 nodes: CPU 4, GPU 8, learner_node 1": what the plan's roles can ask for, summed."""
+    totals: dict[str, float] = {}
+    for node in nodes:
+        for name, amount in node.resources.items():
+            if not (name.startswith("node:") or name in ("memory", "object_store_memory")):
+                totals[name] = totals.get(name, 0.0) + amount
+    listed = ", ".join(f"{name} {amount:g}" for name, amount in sorted(totals.items()))
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {listed}"
 
 
 def _local_gpus() -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_ray.train.rows import StepRows
+from grpo_ray.training.rows import StepRows
 from grpo_ray.types import LearnerStats
 
 

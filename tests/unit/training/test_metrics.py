@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from grpo_ray.algo.diversity import distinct_ngram_ratio, group_diversity
-from grpo_ray.train.rows import StepRows
-from grpo_ray.train.metrics import generation_metrics, function_label
+from grpo_ray.training.rows import StepRows
+from grpo_ray.training.metrics import generation_metrics, function_label
 
 NAN = np.nan
 

@@ -13,17 +13,17 @@ Data flow per step (large arrays never pass through this process):
 
     prompts -> RolloutWorker x R --RolloutSlice refs--> RewardWorker x K -> small ScoredSlices
             (issued, waited for and recovered by cluster/rollout_service.py: one ScoredBatch)
-    driver: dynamic sampling, rescue, substitution on the small arrays (train/batch.py),
-            the learners' slices assembled where the data is when rows changed (train/update.py)
+    driver: dynamic sampling, rescue, substitution on the small arrays (training/batch.py),
+            the learners' slices assembled where the data is when rows changed (training/update.py)
     ReferenceWorker (KL) <- the learners' slice refs
     LearnerWorker x L <- its slice refs + advantages;  learner 0 --weights--> every RolloutWorker
                                                        (cluster/weight_broadcast.py, transport/routes.py)
 
-Next hop from `_train_step`: train/batch.py (the step's batch), then train/update.py (the update).
+Next hop from `_train_step`: training/batch.py (the step's batch), then training/update.py (the update).
 
 Stages (POLARIS) run one after the other on the same actors: the next stage starts from the
 weights the last one ended with; each is a nested MLflow run with its own model and ledger.
-Checkpoints and resume: train/resume.py; held-out evaluation: train/evaluation.py.
+Checkpoints and resume: training/resume.py; held-out evaluation: training/evaluation.py.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ from grpo_ray.config import (
 )
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
-from grpo_ray.train import interrupts
-from grpo_ray.train.checkpoint import read_state, recipe_hashes, resume_point, set_aside
-from grpo_ray.train.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
-from grpo_ray.train.evaluation import heldout_accuracy
-from grpo_ray.train.metrics import step_metrics
-from grpo_ray.train.preflight import preflight
-from grpo_ray.train.opening import (
+from grpo_ray.training import interrupts
+from grpo_ray.training.checkpoint import read_state, recipe_hashes, resume_point, set_aside
+from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
+from grpo_ray.training.evaluation import heldout_accuracy
+from grpo_ray.training.metrics import step_metrics
+from grpo_ray.training.preflight import preflight
+from grpo_ray.training.opening import (
     open_tracker,
     report_inputs,
     report_placement,
@@ -67,10 +67,10 @@ from grpo_ray.train.opening import (
     report_sync,
     report_yardstick,
 )
-from grpo_ray.train.resume import already_finished, checkpoint, restore, resume_hint
-from grpo_ray.train.rows import sample_rows
-from grpo_ray.train.run import PhaseTimer, Progress, Run, TrainResult
-from grpo_ray.train.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
+from grpo_ray.training.resume import already_finished, checkpoint, restore, resume_hint
+from grpo_ray.training.rows import sample_rows
+from grpo_ray.training.run import PhaseTimer, Progress, Run, TrainResult
+from grpo_ray.training.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
@@ -80,7 +80,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     """Run the recipe; resume: "auto" (from the newest checkpoint in output_dir if any), "require"
     (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside)."""
     plan_batches(cfg)
-    inputs = preflight(cfg).inputs  # what the run needs (train/preflight.py), before any Ray or MLflow run
+    inputs = preflight(cfg).inputs  # what the run needs (training/preflight.py), before any Ray or MLflow run
     output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_ray.actors.rollout import pack_slice
-from grpo_ray.train.rows import KeptResponse, SliceAssembly, StepRows, assemble_slice, failure_counts, read_response
+from grpo_ray.training.rows import KeptResponse, SliceAssembly, StepRows, assemble_slice, failure_counts, read_response
 from grpo_ray.types import Completion, Prompt, ScoredSlice
 
 PAD = 99

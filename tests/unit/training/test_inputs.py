@@ -7,7 +7,7 @@ import pytest
 from grpo_ray.config import config_from_dict
 from grpo_ray.data.formats import POLARIS_INSTRUCTION
 from grpo_ray.data.loaders import DataError
-from grpo_ray.train.inputs import prepare_inputs
+from grpo_ray.training.inputs import prepare_inputs
 
 
 @pytest.fixture()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from grpo_ray.config import Config, config_to_dict, flatten
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
-from grpo_ray.train.checkpoint import TrainerState
-from grpo_ray.train.inputs import RunInputs
+from grpo_ray.training.checkpoint import TrainerState
+from grpo_ray.training.inputs import RunInputs
 from grpo_ray.transport.probe import SEPARATION
 
 

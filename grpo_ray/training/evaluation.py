@@ -8,7 +8,7 @@ from grpo_ray.cluster.dispatch import CallFailed, evaluation_refs, score_slices
 from grpo_ray.config import StagePlan
 from grpo_ray.rewards.accuracy import mean_accuracy
 from grpo_ray.rewards.by_source import eval_source_accuracies
-from grpo_ray.train.run import Run, in_phase
+from grpo_ray.training.run import Run, in_phase
 from grpo_ray.types import SamplingSettings, ScoredSlice
 
 

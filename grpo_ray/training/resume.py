@@ -1,5 +1,5 @@
 """Checkpoints of a run: written every train.checkpoint_every steps and at the end of each stage,
-read back by a run started on the same output_dir (train/checkpoint.py holds the folder format).
+read back by a run started on the same output_dir (training/checkpoint.py holds the folder format).
 
 A checkpoint holds the learners' DeepSpeed state, the reference when it was refreshed, and the
 driver's Progress and batch-builder state; resuming loads them into fresh actors and syncs the
@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 from grpo_ray.config import Config
-from grpo_ray.train.checkpoint import HASH_VERSION, TrainerState, latest_checkpoint, write_checkpoint
-from grpo_ray.train.run import Progress, Run, TrainResult, in_phase
+from grpo_ray.training.checkpoint import HASH_VERSION, TrainerState, latest_checkpoint, write_checkpoint
+from grpo_ray.training.run import Progress, Run, TrainResult, in_phase
 
 
 def checkpoint(run: Run, progress: Progress, finished: bool = False) -> None:

@@ -1,4 +1,4 @@
-"""`grpo-ray validate` checks what a run needs (train/preflight.py), as `train` does first: each
+"""`grpo-ray validate` checks what a run needs (training/preflight.py), as `train` does first: each
 failure one line naming the field or file and the fix, nothing started. The train side (no Ray
 process and no MLflow run left) is tests/integration/test_train_e2e.py's bad-input test."""
 
@@ -129,3 +129,15 @@ def test_plan_only_checks_nothing_of_this_machine():
     result = validate(TINY, "--set", "model.path=someone/no-such-model", "--plan-only", HF_HUB_OFFLINE="1")
     assert result.exit_code == 0, result.output
     assert "plan only: models, rewards, data and resources not checked (--plan-only)" in result.output
+
+
+def test_a_script_may_validate_at_its_top_level_without_a_main_guard(tmp_path):
+    # The reward check spawns a sandbox child; plain spawn would run this script again in it.
+    import subprocess
+    import sys
+
+    script = tmp_path / "check.py"
+    script.write_text(f"import grpo_ray\nprint('prompts', grpo_ray.validate({str(TINY)!r}).train_prompts)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "prompts 7600"

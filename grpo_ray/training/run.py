@@ -15,8 +15,8 @@ from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
 from grpo_ray.config import Config, syncs_during_generation, syncs_lora_adapter, time_checkpoint_due
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker
-from grpo_ray.train.batch import BatchBuilder
-from grpo_ray.train.inputs import RunInputs
+from grpo_ray.training.batch import BatchBuilder
+from grpo_ray.training.inputs import RunInputs
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ In order, each a config switch:
 1. sample: prompts_per_step prompts drawn with their seed and handed to the rollout service
    (cluster/rollout_service.py), which rolls them out, scores them and brings back any worker that
    dies on the way, so the batch is the one an unhurt run draws;
-2. score and shape: the ScoredBatch's rows (train/rows.py), reward failures counted and the run
+2. score and shape: the ScoredBatch's rows (training/rows.py), reward failures counted and the run
    stopped when a function fails too often, rewards clipped and normalised;
 3. filter (DAPO dynamic sampling): more batches of prompts until the step holds prompts_per_step
    groups with a reward spread, or the tries run out (a streamed rollout stops once it has them);
@@ -20,7 +20,7 @@ Every generated row, trained on or not, updates the per-prompt ledger and the re
 Decisions are made on the small arrays of `StepRows`; token arrays stay in the object store.
 A batch started ahead (prefetch) was sampled by the weights the workers held then; its metrics say
 how many updates old they are (batch/staleness) and every row carries its policy version.
-Next hop: train/update.py turns the step's rows into the learners' slices.
+Next hop: training/update.py turns the step's rows into the learners' slices.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.config import Config, plan_batches
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.rewards.monitor import FailureMonitor
-from grpo_ray.train.errors import RewardFailureError, RunStoppedError
-from grpo_ray.train.rows import (
+from grpo_ray.training.errors import RewardFailureError, RunStoppedError
+from grpo_ray.training.rows import (
     KeptResponse,
     Overlong,
     StepRows,

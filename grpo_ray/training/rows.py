@@ -10,7 +10,7 @@ learner rank's slice from its plan (`SliceAssembly`), next to the data. Pure num
     plans = rows.split(num_learner_ranks)                              # one SliceAssembly per rank
     batch = assemble_slice(plans[rank], [slices[i] for i in plans[rank].sources_used])
 
-Comes from: the rollout service's ScoredBatch (`batch_rows`). Next hop: train/update.py cuts the
+Comes from: the rollout service's ScoredBatch (`batch_rows`). Next hop: training/update.py cuts the
 kept rows into each learner rank's payload.
 """
 

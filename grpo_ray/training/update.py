@@ -25,8 +25,8 @@ from grpo_ray.cluster.dispatch import CallFailed, fetch, gather_fail_fast
 from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.tasks import beside_data
-from grpo_ray.train.batch import StepBatch
-from grpo_ray.train.rows import StepRows, assemble_slices
+from grpo_ray.training.batch import StepBatch
+from grpo_ray.training.rows import StepRows, assemble_slices
 from grpo_ray.types import LearnerShard, LearnerStats
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_ray.models.tensor_files import load_tensors, save_tensors
-from grpo_ray.train.checkpoint import (
+from grpo_ray.training.checkpoint import (
     ADDED_SINCE_FORMAT_1,
     HASH_VERSION,
     RecipeHashes,
