@@ -10,7 +10,7 @@ checked = grpo_ray.validate("configs/tiny.yaml", {"train.steps": 20})
 print(f"{checked.train_prompts} training prompts; the plan fits {checked.checked_on}")
 
 # The same run as `grpo-ray train configs/tiny.yaml --set train.steps=20 ...`; a dict recipe works too.
-result = grpo_ray.training(
+result = grpo_ray.train(
     "configs/tiny.yaml",
     {"train.steps": 20, "train.eval_every": 0, "data.eval_limit": 100, "output_dir": "runs/from-python"},
 )

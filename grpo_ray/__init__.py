@@ -1,7 +1,7 @@
 """grpo-ray: GRPO post-training of language models on Ray.
 
     import grpo_ray
-    result = grpo_ray.training("configs/tiny.yaml", {"train.steps": 20})
+    result = grpo_ray.train("configs/tiny.yaml", {"train.steps": 20})
 
 `train`, `validate` and `load` are grpo_ray/api.py's; the CLI (`grpo-ray train|validate`) runs the same code.
 """

@@ -4,7 +4,7 @@
 
     checked = grpo_ray.validate("configs/tiny.yaml", {"train.steps": 20})
     print(checked.plan_lines[-1], checked.train_prompts)
-    result = grpo_ray.training("configs/tiny.yaml", {"train.steps": 20, "output_dir": "runs/api"})
+    result = grpo_ray.train("configs/tiny.yaml", {"train.steps": 20, "output_dir": "runs/api"})
     print(result.eval_accuracy[0], "->", result.eval_accuracy[20], "model in", result.model_dir)
 
 A recipe is a YAML file's path (its relative paths are relative to its folder), a dict shaped as

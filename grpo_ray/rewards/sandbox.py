@@ -33,7 +33,7 @@ Limits: a function stuck in C code that holds the GIL also blocks the watchdog, 
 kill of the parent such a child lingers until that code returns; daemonic children may not start
 multiprocessing pools (``subprocess`` is fine). Unlike plain spawn-based multiprocessing, a child
 never runs the parent's main script (_main_not_reimported), so a script may build a scorer, or call
-grpo_ray.training, at its top level.
+grpo_ray.train, at its top level.
 """
 
 from __future__ import annotations
