@@ -31,18 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import sys
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from grpo_ray.errors import first_line, missing_path_hint
+from grpo_ray.user_code import load_attribute
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
 from grpo_ray.rewards.gsm8k import gsm8k
@@ -88,45 +83,6 @@ class RewardResultError(ValueError):
     """A reward function returned something other than one finite score or None per completion."""
 
 
-def _load_module_from_file(spec: str, path_text: str):
-    path = Path(path_text).expanduser().resolve()
-    if not path.is_file():
-        raise RewardSpecError(
-            f"reward spec {spec!r}: file {str(path)!r} not found {missing_path_hint()}; check the path"
-        )
-    # One stable name per file: loading the same file twice reuses the module, and two files
-    # with the same stem (rewards/a/reward.py, rewards/b/reward.py) never collide.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
-    name = f"_grpo_ray_reward_{path.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise RewardSpecError(f"reward spec {spec!r}: {str(path)!r} is not a loadable Python file")
-    module = importlib.util.module_from_spec(module_spec)
-    # Registered before running, as importlib's recipe does, so dataclasses and pickling inside
-    # the file can find their module.
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as error:
-        del sys.modules[name]
-        raise RewardSpecError(
-            f"reward spec {spec!r}: importing {str(path)!r} failed ({first_line(error, with_type=True)}); fix the file"
-        ) from error
-    return module
-
-
-def _import_module(spec: str, module_name: str):
-    try:
-        return importlib.import_module(module_name)
-    except Exception as error:
-        raise RewardSpecError(
-            f"reward spec {spec!r}: module {module_name!r} not importable ({first_line(error, with_type=True)}); "
-            "check that it is installed or on PYTHONPATH"
-        ) from error
-
-
 def _resolve(spec: str) -> RewardFn:
     if ":" not in spec:
         if spec in BUILTIN_REWARDS:
@@ -135,25 +91,10 @@ def _resolve(spec: str) -> RewardFn:
             f"unknown reward {spec!r}; use a built-in ({', '.join(sorted(BUILTIN_REWARDS))}), "
             "'package.module:function' or 'path/to/file.py:function'"
         )
-    # rpartition: the attribute never contains ":", a path might.
-    location, _, attribute = spec.rpartition(":")
-    if not location or not attribute:
-        raise RewardSpecError(
-            f"reward spec {spec!r} needs both parts: 'package.module:function' or 'path/to/file.py:function'"
-        )
-    is_file = location.endswith(".py") or "/" in location or "\\" in location
-    module = _load_module_from_file(spec, location) if is_file else _import_module(spec, location)
-    target: Any = module
-    # Dotted attributes reach into classes or namespaces ("mod:Scorer.score").
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise RewardSpecError(
-                f"reward spec {spec!r}: {location!r} has no attribute {attribute!r}; check the function name"
-            )
-        target = getattr(target, part)
+    target = load_attribute(spec, f"reward spec {spec!r}", RewardSpecError)
     if not callable(target):
         raise RewardSpecError(
-            f"reward spec {spec!r}: {attribute!r} is a {type(target).__name__}, not callable; "
+            f"reward spec {spec!r}: {spec.rpartition(':')[2]!r} is a {type(target).__name__}, not callable; "
             "point the spec at a function"
         )
     return target

@@ -1,7 +1,8 @@
 """The layout's rules, read from the source (no imports run): who may import Ray, DeepSpeed and vLLM,
 no import cycles between packages, and modules and functions a reader can take in.
 
-    algo, rewards, types, config: neither ray, deepspeed nor vllm (pure, tested on hand-worked data)
+    algo, rewards, envs, types, config, errors, user_code: neither ray, deepspeed nor vllm (pure, tested on
+    hand-worked data)
     actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
     ray: only in cluster/ and the run loop (training/loop.py); actor calls (`.remote(`) only in cluster/,
          the loop's few Ray names listed in LOOP_RAY_NAMES
@@ -18,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "grpo_ray"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-PURE = ("algo", "rewards", "types", "config")
+PURE = ("algo", "rewards", "envs", "types", "config", "errors", "user_code")
 RAY_ALLOWED = ("cluster", "training.loop")
 # What the run loop may read from `ray` itself: the cluster's size for its tags, and Ray's errors.
 LOOP_RAY_NAMES = {"nodes", "cluster_resources", "exceptions"}

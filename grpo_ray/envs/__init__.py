@@ -1,0 +1,8 @@
+"""Environments: what an agent's episode talks to between its turns (pure: no Ray, engine or DeepSpeed).
+
+contract.py    the environment contract a user writes (reset, step, reward) and tool sets
+               (public methods as tools, TRL's environment_factory classes unchanged)
+tools.py       a tool's JSON schema from its signature and docstring
+tool_calls.py  the model's tool calls read from its text (the chat template's tool format)
+episode.py     one episode's tokens: the model's (trained on) and everything else (context)
+"""

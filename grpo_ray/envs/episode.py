@@ -1,0 +1,78 @@
+"""One episode's tokens, exact: the model's tokens exactly as it sampled them (trained on: mask 1,
+with their sampling log-probs) and everything else, the environment's replies and the chat
+template's markup around them, as context (mask 0: no loss, KL or entropy on them).
+
+An episode is one training row: prompt + turn 1 + reply 1 + turn 2 + ... The model's tokens are
+never re-tokenised from text (a decode/encode round trip can change them); the replies' tokens
+come from the chat template: what it writes for the reply messages after a finished assistant
+turn, measured on a fixed conversation once (`reply_template`), so it holds whatever the model
+wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# render(messages, add_generation_prompt) -> token ids: the tokenizer's chat template.
+Render = Callable[[list[dict], bool], list[int]]
+_PROBE = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+
+def reply_tokens(render: Render, end_of_turn: int, reply: list[dict]) -> list[int]:
+    """The tokens that follow a model's turn (which ends with `end_of_turn`) when `reply` comes
+    next and the model then speaks: the template's markup after the turn (ChatML's newline), the
+    reply's messages, and the generation prompt of the next assistant turn."""
+    base = render(_PROBE, False)
+    full = render(_PROBE + list(reply), True)
+    if full[: len(base)] != base:
+        raise ValueError("the chat template renders earlier turns differently once a reply follows them")
+    if end_of_turn not in base:
+        raise ValueError(f"the chat template does not end an assistant turn with token {end_of_turn}")
+    after_turn = base[len(base) - base[::-1].index(end_of_turn) :]
+    return after_turn + full[len(base) :]
+
+
+@dataclass
+class EpisodeTokens:
+    """The row an episode becomes, built turn by turn."""
+
+    prompt: list[int]  # the first messages with the generation prompt
+    ids: list[int] = field(default_factory=list)  # every token after the prompt
+    mask: list[float] = field(default_factory=list)  # 1.0 on the model's tokens
+    logprobs: list[float] = field(default_factory=list)  # sampling log-prob of the model's tokens, 0 elsewhere
+    turns: int = 0
+
+    @property
+    def context(self) -> list[int]:
+        """What the model's next turn continues: the whole episode so far."""
+        return self.prompt + self.ids
+
+    @property
+    def length(self) -> int:
+        """Tokens after the prompt (what the episode's token budget counts)."""
+        return len(self.ids)
+
+    def add_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        if len(token_ids) != len(logprobs):
+            raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
+        self.ids += list(token_ids)
+        self.mask += [1.0] * len(token_ids)
+        self.logprobs += [float(x) for x in logprobs]
+        self.turns += 1
+
+    def add_reply(self, token_ids: Sequence[int]) -> None:
+        self.ids += list(token_ids)
+        self.mask += [0.0] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[T] input ids, completion mask and rollout log-probs of the whole row (prompt included)."""
+        pad = [0.0] * len(self.prompt)
+        return (
+            np.array(self.prompt + self.ids, dtype=np.int64),
+            np.array(pad + self.mask, dtype=np.float32),
+            np.array(pad + self.logprobs, dtype=np.float32),
+        )
