@@ -32,7 +32,7 @@ thread polling ``os.getppid()`` (when busy).
 Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard
 kill of the parent such a child lingers until that code returns; daemonic children may not start
 multiprocessing pools (``subprocess`` is fine). Unlike plain spawn-based multiprocessing, a child
-never runs the parent's main script (_main_not_reimported), so a script may build a scorer, or call
+never runs the parent's main script (main_not_reimported), so a script may build a scorer, or call
 grpo_ray.train, at its top level.
 """
 
@@ -226,7 +226,7 @@ class SandboxedScorer:
             daemon=True,
             name="grpo-ray-reward-sandbox",
         )
-        with _main_not_reimported():
+        with main_not_reimported():
             process.start()
         child_conn.close()  # the child holds the only other end: its death is EOF here
         return _Child(process, parent_conn, "starting", time.monotonic() + self._start_timeout_s)
@@ -374,7 +374,7 @@ class SandboxedScorer:
 
 
 @contextmanager
-def _main_not_reimported():
+def main_not_reimported():
     """While a child starts: `spawn` would run the parent's main script again in the child (its
     preparation imports __main__ by path or name), so a script that calls grpo_ray.validate or
     train at its top level, with no `if __name__ == "__main__":`, would start itself again. The

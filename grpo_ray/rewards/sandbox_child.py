@@ -34,7 +34,7 @@ _ORPHAN_POLL_S = 1.0
 _REAP_TIMEOUT_S = 5.0
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
+def exit_when_orphaned(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(_ORPHAN_POLL_S)
     if os.getpgrp() == os.getpid():
@@ -63,7 +63,7 @@ def child_main(
         pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an aborting function writes no core files
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     quiet_driver()  # a spawned child starts with Python's default log levels: the routine notices again
     if memory_limit_mb is not None:
         _limit_memory(memory_limit_mb)

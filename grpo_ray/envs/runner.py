@@ -1,0 +1,181 @@
+"""The user's environment code, run isolated as reward functions are: in processes of its own
+(envs/runner_child.py), each hosting many episodes, with a hard timeout on every request.
+
+    pool = EnvironmentPool("envs/calc.py:Calculator", {}, processes=2, step_timeout_s=10)
+    pool.send("reset", episode=0, payload=row)
+    for reply in pool.poll(timeout=1.0): ...        # EnvReply: op, episode, value or error
+    pool.close()
+
+Requests of one episode go one at a time (its caller waits for each reply); those of different
+episodes run side by side, across processes and, inside one, in threads. A request past the
+timeout kills its process (a hang may hold the GIL or a lock): that episode fails as timed out,
+and the others the process hosted fail as lost with it; a new process takes its place. A process
+that dies (a crash, an os._exit) fails its episodes the same way. Every failure is a reply with a
+one-line `error`: the episode loop counts it, and the run's reward failure policy applies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from grpo_ray.envs.runner_child import EnvironmentSpecError, child_main
+from grpo_ray.rewards.sandbox import main_not_reimported
+from grpo_ray.rewards.sandbox_child import death_reason, kill
+
+__all__ = ["EnvReply", "EnvironmentPool", "EnvironmentSpecError"]
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    op: str  # "reset" | "step" | "finish"
+    episode: int
+    value: Any = None  # reset: (messages, tools); step: StepResult; finish: the episode's reward or None
+    error: str | None = None  # one line when the request failed
+    timed_out: bool = False
+
+
+@dataclass
+class _Process:
+    process: Any
+    conn: Connection
+    pending: dict[int, tuple[str, float]]  # episode -> (op, deadline) of its request in flight
+    hosted: set[int]  # episodes whose instance lives here
+
+
+class EnvironmentPool:
+    def __init__(
+        self,
+        spec: str,
+        options: dict[str, Any],
+        processes: int,
+        step_timeout_s: float,
+        start_timeout_s: float = 120.0,
+    ):
+        self.spec, self.options, self.step_timeout_s = spec, dict(options), step_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.restarts = 0
+        self._context = get_context("spawn")
+        self._children: list[_Process] = []
+        try:
+            self._children = [self._spawn() for _ in range(processes)]
+        except BaseException:
+            self.close()
+            raise
+
+    def send(self, op: str, episode: int, payload: Any = None) -> None:
+        child = self._children[episode % len(self._children)]
+        if op == "reset":
+            child.hosted.add(episode)
+        child.pending[episode] = (op, time.monotonic() + self.step_timeout_s)
+        child.conn.send((op, episode, payload))
+
+    def poll(self, timeout: float) -> list[EnvReply]:
+        """The replies that arrive within `timeout` seconds (at least one if any does), and the
+        failures of requests past their deadline."""
+        replies: list[EnvReply] = []
+        deadline = min([d for c in self._children for _, d in c.pending.values()], default=time.monotonic() + timeout)
+        ready = wait([c.conn for c in self._children if c.pending], max(0.0, min(timeout, deadline - time.monotonic())))
+        for child in list(self._children):
+            if child.conn in ready:
+                replies += self._receive(child)
+        now = time.monotonic()
+        for child in list(self._children):
+            late = [episode for episode, (_, d) in child.pending.items() if d <= now]
+            if late:
+                replies += self._fail(
+                    child,
+                    late[0],
+                    f"timed out after {self.step_timeout_s:g} s (environment.step_timeout_s)",
+                    timed_out=True,
+                )
+        return replies
+
+    def forget(self, episode: int) -> None:
+        """Drop an episode the caller gave up on (its instance is freed at the next finish)."""
+        child = self._children[episode % len(self._children)]
+        if episode in child.hosted and episode not in child.pending:
+            self.send("finish", episode)
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.process.pid for c in self._children]
+
+    def close(self) -> None:
+        for child in self._children:
+            kill(child.process)
+            child.conn.close()
+        self._children = []
+
+    def __enter__(self) -> EnvironmentPool:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _spawn(self) -> _Process:
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(
+            target=child_main,
+            args=(child_conn, self.spec, self.options, os.getpid()),
+            daemon=True,
+            name="grpo-ray-environment",
+        )
+        with main_not_reimported():
+            process.start()
+        child_conn.close()
+        if not parent_conn.poll(self.start_timeout_s):
+            kill(process)
+            raise EnvironmentSpecError(
+                f"environment.spec {self.spec!r}: its process did not start within "
+                f"{self.start_timeout_s:g} s (importing the file hangs?)"
+            )
+        try:
+            kind, message = parent_conn.recv()
+        except (EOFError, OSError):
+            raise EnvironmentSpecError(
+                f"environment.spec {self.spec!r}: its process {death_reason(process)} while loading the class"
+            ) from None
+        if kind == "error":
+            kill(process)
+            raise EnvironmentSpecError(message)
+        return _Process(process, parent_conn, {}, set())
+
+    def _receive(self, child: _Process) -> list[EnvReply]:
+        replies = []
+        try:
+            while child.conn.poll():
+                op, episode, value, error = child.conn.recv()
+                child.pending.pop(episode, None)
+                if op == "finish":
+                    child.hosted.discard(episode)
+                replies.append(EnvReply(op, episode, value, error))
+        except (EOFError, OSError):
+            if child.pending or child.hosted:
+                culprit = next(iter(child.pending), next(iter(child.hosted)))
+                why = death_reason(child.process).replace("worker process", "its environment process")
+                replies += self._fail(child, culprit, why)
+            else:
+                self._replace(child)
+        return replies
+
+    def _fail(self, child: _Process, culprit: int, why: str, timed_out: bool = False) -> list[EnvReply]:
+        """The process is killed and replaced; every episode it held fails."""
+        failed = [EnvReply(child.pending.get(culprit, ("step", 0))[0], culprit, error=why, timed_out=timed_out)]
+        lost = f"lost with its environment process, restarted after episode {culprit}'s request {why}"
+        failed += [
+            EnvReply(child.pending.get(e, ("step", 0))[0], e, error=lost)
+            for e in sorted((child.hosted | set(child.pending)) - {culprit})
+        ]
+        self._replace(child)
+        return failed
+
+    def _replace(self, child: _Process) -> None:
+        kill(child.process)
+        child.conn.close()
+        self._children[self._children.index(child)] = self._spawn()
+        self.restarts += 1
