@@ -42,6 +42,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.rewards import RewardSpecError
     from grpo_ray.training.errors import RunStoppedError
+    from grpo_ray.envs.runner_child import EnvironmentSpecError
 
     return (
         ConfigError,
@@ -52,6 +53,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
         ModelLoadError,
         RewardSpecError,
         RunStoppedError,
+        EnvironmentSpecError,
     )
 
 

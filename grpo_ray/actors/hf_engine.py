@@ -87,6 +87,35 @@ class HFEngine:
         completions = self._completions(generated, logprobs)
         return [completions[i * g : (i + 1) * g] for i in range(len(prompts))]
 
+    @torch.no_grad()
+    def generate_turns(
+        self, contexts: list[list[int]], seeds: list[int], sampling: SamplingSettings
+    ) -> list[Completion]:
+        """One completion of each context (an episode so far), row i drawn from its own generator
+        seeded with seeds[i]: the same context and seed give the same turn whatever rows it is
+        batched with. No KV cache is kept between turns: each turn recomputes its context."""
+        pad = self.tokenizer.pad_token_id
+        width = max(len(c) for c in contexts)
+        input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(contexts), width), dtype=torch.long)
+        for row, ids in enumerate(contexts):
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+        recorder = SampledLogprobs(sampling, row_seeds=list(seeds))
+        sequences = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            do_sample=False,
+            repetition_penalty=1.0,  # as in generate: the recorder's settings are the last word
+            logits_processor=LogitsProcessorList([recorder]),
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=list(self.stop_ids),
+            pad_token_id=pad,
+        )
+        generated = sequences[:, width:]
+        logprobs = recorder.drawn_logprobs(generated)
+        return self._completions(generated.cpu(), logprobs.cpu())
+
     def generate_stream(
         self, prompts: list[tuple[int, ...]], sampling: SamplingSettings, stop=None
     ) -> Iterator[tuple[int, list[Completion]]]:
@@ -160,7 +189,7 @@ class SampledLogprobs(LogitsProcessor):
     tokens over Qwen's 152K vocabulary.
     """
 
-    def __init__(self, sampling: SamplingSettings):
+    def __init__(self, sampling: SamplingSettings, row_seeds: list[int] | None = None):
         self.warpers = []
         if sampling.temperature > 0:
             if sampling.temperature != 1.0:
@@ -171,13 +200,16 @@ class SampledLogprobs(LogitsProcessor):
                 self.warpers.append(TopPLogitsWarper(sampling.top_p))
         self.greedy = sampling.temperature == 0
         self.seed = sampling.seed
-        self._generator: torch.Generator | None = None
+        self.row_seeds = row_seeds  # one generator per row (generate_turns) instead of one for the batch
+        self._generator: torch.Generator | list[torch.Generator] | None = None
         self._drawn: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         for warper in self.warpers:
             scores = warper(input_ids, scores)
-        if not self.greedy and self._generator is None:
+        if not self.greedy and self._generator is None and self.row_seeds is not None:
+            self._generator = [torch.Generator(device=scores.device).manual_seed(seed) for seed in self.row_seeds]
+        elif not self.greedy and self._generator is None:
             self._generator = torch.Generator(device=scores.device).manual_seed(self.seed)
         tokens, logprobs = draw_tokens(scores, None if self.greedy else self._generator)
         self._drawn.append(logprobs)

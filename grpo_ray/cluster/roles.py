@@ -162,8 +162,11 @@ def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) 
 def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
     settings = lambda functions: [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in functions]  # noqa: E731
     r = cfg.reward
+    functions = settings(r.functions)
+    if cfg.environment.spec:  # episodes: the environment's reward beside the functions (rewards/environment.py)
+        functions.append(RewardFunctionSetting("environment", cfg.environment.reward_weight, {}))
     isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
-    by_source = {source: settings(functions) for source, functions in r.by_source.items()}
+    by_source = {source: settings(fs) for source, fs in r.by_source.items()}
     return [
         spawn(
             RewardWorker,
@@ -171,7 +174,7 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
             "reward",
             i,
             resources,
-            settings(r.functions),
+            functions,
             isolation,
             by_source,
             r.source_field,

@@ -15,7 +15,7 @@ What counts as a local path, per field (hub ids, built-ins, URIs and "tiny" pass
                                                  one slash, not present locally) or is "tiny"
     data.train_files[] / eval_files[]            a file with a data suffix, or anything present
                                                  locally; "tiny:..." and hub ids pass
-    reward.functions[].name, reward.by_source.*[].name
+    reward.functions[].name, reward.by_source.*[].name, environment.spec
                                                  the file part of "path/file.py:function"
     tracking.tracking_uri                        sqlite:///relative.db and a bare folder
 """
@@ -72,6 +72,9 @@ def map_paths(raw: dict[str, Any], change: Callable[[str, Callable[[Path], bool]
     reward = out.get("reward")
     if isinstance(reward, dict):
         out["reward"] = _map_reward(reward, apply)
+    environment = out.get("environment")
+    if isinstance(environment, dict) and isinstance(environment.get("spec"), str):
+        out["environment"]["spec"] = apply(environment["spec"], _local_reward)
     tracking = out.get("tracking")
     if isinstance(tracking, dict) and isinstance(tracking.get("tracking_uri"), str):
         tracking["tracking_uri"] = apply(tracking["tracking_uri"], _local_store)

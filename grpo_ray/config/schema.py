@@ -9,7 +9,7 @@ and `Config`, and re-exports every section class.
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -172,6 +172,29 @@ class PlacementConfig(_Section):
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
 
+class EnvironmentConfig(_Section):
+    # The environment of multi-turn episodes (docs/agents.md): "path/to/file.py:ClassName" or
+    # "package.module:ClassName", a grpo_ray.envs.Environment or a class whose public methods are
+    # tools (TRL's environment_factory contract); null: single-turn rows, one answer per completion.
+    spec: str | None = None
+    # Keyword arguments of the class's constructor.
+    options: dict[str, Any] = Field(default_factory=dict)
+    # Most model turns an episode may take; it then ends where it is.
+    max_turns: int = Field(4, ge=1)
+    # Most tokens after the prompt an episode may hold, the model's turns and the environment's
+    # replies together; a reply that would pass it ends the episode (env/overflows).
+    max_episode_tokens: int = Field(512, ge=1)
+    # Seconds one reset, step or reward may take; beyond, its process is killed and the episode fails.
+    step_timeout_s: float = Field(10.0, gt=0)
+    # Seconds a whole episode may take, the model's turns included; beyond, it fails.
+    episode_timeout_s: float = Field(300.0, gt=0)
+    # Processes per rollout worker that run the environments (each hosts many episodes).
+    processes_per_worker: int = Field(2, ge=1)
+    # Weight of the environment's reward (its steps' rewards plus reward() at the end) in the total
+    # reward, beside reward.functions, which score the episode's last answer.
+    reward_weight: float = 1.0
+
+
 class Config(_Section):
     # Everything a run writes (MLflow store, checkpoints, logs) goes under this folder.
     output_dir: str = "runs/default"
@@ -190,6 +213,7 @@ class Config(_Section):
     ray: RayConfig = RayConfig()
     placement: PlacementConfig = PlacementConfig()
     polaris: PolarisConfig = PolarisConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
     # Training stages run in order, each from the previous stage's weights; empty: one stage of
     # train.steps with the rollout section's settings.
     stages: tuple[StageConfig, ...] = ()

@@ -19,16 +19,24 @@ from torch import Tensor
 BLOCK = 1024
 
 
-def draw_tokens(scores: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def draw_tokens(scores: Tensor, generator: torch.Generator | list[torch.Generator] | None) -> tuple[Tensor, Tensor]:
     """(token [R], its log-prob [R] float32) for each row of `scores` [R, V], drawn from
-    softmax(scores), or the argmax with `generator` None (greedy). Scores may hold -inf."""
+    softmax(scores), or the argmax with `generator` None (greedy). A list holds one generator per
+    row: each row's draws then depend on its own seed alone, not on the rows beside it (an
+    episode's turns, batched with whichever episodes are ready). Scores may hold -inf."""
     scores = scores.float()
     lse = torch.logsumexp(scores, dim=-1)
     if generator is None:
         tokens = scores.argmax(dim=-1)
     else:
         probs = (scores - lse[:, None]).exp_()
-        uniform = torch.rand(len(scores), generator=generator, device=scores.device, dtype=torch.float64)
+        if isinstance(generator, list):
+            uniform = torch.stack(
+                [torch.rand((), generator=g, device=g.device, dtype=torch.float64) for g in generator]
+            )
+            uniform = uniform.to(scores.device)
+        else:
+            uniform = torch.rand(len(scores), generator=generator, device=scores.device, dtype=torch.float64)
         tokens = inverse_cdf(probs, uniform)
     return tokens, scores.gather(-1, tokens[:, None]).squeeze(-1) - lse
 

@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from grpo_ray.user_code import load_attribute
+from grpo_ray.rewards.environment import environment_reward
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
 from grpo_ray.rewards.gsm8k import gsm8k
@@ -66,6 +67,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "gsm8k_answer_format": gsm8k_answer_format,
     "tldr_length": tldr_length,
     "http": http_reward,
+    "environment": environment_reward,
 }
 
 # Contract arguments: passed by the caller on every call, so never bindable as options.

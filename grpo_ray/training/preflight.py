@@ -7,7 +7,8 @@ line naming the field and the fix.
    cache or answers on the hub (one short request: offline, a one-line error at once rather than
    transformers' retries);
 3. every reward function imports and takes its options, in the reward sandbox (user code never
-   runs in the driver);
+   runs in the driver), and the environment class (environment.spec) loads and builds in one of
+   its own processes;
 4. the data files exist, their rows map to a prompt and an answer, and the prompts fit
    data.max_prompt_tokens (training/inputs.py: the run's prompts, tokenised once here);
 5. the plan fits: the connected cluster (ray.address, RAY_ADDRESS or --address), or else this
@@ -45,6 +46,7 @@ def preflight(cfg: Config, address: str | None = None) -> Preflight:
     for field, source in model_sources(cfg):
         check_model_source(source, field)
     check_reward_functions(cfg)
+    check_environment(cfg)
     inputs = prepare_inputs(cfg)
     where = check_plan_fits(cfg, address or cfg.ray.address or os.environ.get("RAY_ADDRESS"))
     return Preflight(inputs, where)
@@ -83,6 +85,18 @@ def check_reward_functions(cfg: Config) -> None:
     functions += [(f.name, dict(f.options)) for group in cfg.reward.by_source.values() for f in group]
     unique = list({(spec, repr(sorted(options.items()))): (spec, options) for spec, options in functions}.values())
     with SandboxedScorer(unique, num_processes=1, start_timeout_s=REWARD_IMPORT_TIMEOUT_S):
+        pass
+
+
+def check_environment(cfg: Config) -> None:
+    """The environment class loads and builds with its options, in one of its own processes (user
+    code never runs in the driver); EnvironmentSpecError names the spec."""
+    env = cfg.environment
+    if env.spec is None:
+        return
+    from grpo_ray.envs.runner import EnvironmentPool
+
+    with EnvironmentPool(env.spec, dict(env.options), processes=1, step_timeout_s=env.step_timeout_s):
         pass
 
 

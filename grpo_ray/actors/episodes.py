@@ -1,0 +1,160 @@
+"""Multi-turn episodes on a rollout engine: generate, let the environment answer, generate again,
+until the environment says done, the turn limit, the token budget or a timeout.
+
+    runner = EpisodeRunner(settings, tokenizer)                 # starts the environment's processes
+    episodes = runner.run(rows, seeds, sampling, generate_turns)   # one Episode per (row, seed)
+
+The episodes of a call run side by side, not turn by turn in lockstep: each round generates the
+next turn of every episode that is ready (its environment has answered) in one batch, while the
+environment's processes work on the others' steps; an episode whose environment is slow holds
+only itself. Each turn is drawn from the episode's own seed (seed, turn), so an episode run again
+from its seed is the same episode, whatever it is batched with (recovery re-issues a dead worker's
+episodes that way). The row an episode becomes is envs/episode.py's; its reward from the
+environment (steps plus reward()) goes in the row field `environment_reward` (NaN: it failed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
+from grpo_ray.envs.runner import EnvironmentPool, EnvReply
+from grpo_ray.types import Completion, SamplingSettings
+
+# generate_turns(contexts, seeds, sampling) -> one Completion per context (the engine's).
+GenerateTurns = Callable[[list[list[int]], list[int], SamplingSettings], list[Completion]]
+COUNTS = ("tool_calls", "unparsable_calls", "tool_errors", "env_errors", "env_timeouts", "overflows")
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    spec: str  # environment.spec
+    options: dict
+    max_turns: int
+    max_episode_tokens: int
+    step_timeout_s: float
+    episode_timeout_s: float
+    processes: int
+
+
+@dataclass
+class Episode:
+    tokens: EpisodeTokens
+    answer: str = ""  # the text of the model's last turn (what the reward functions score)
+    reward: float = 0.0  # the environment's: its steps' rewards plus reward() at the end
+    finish_reason: str = "stop"  # "stop": the environment said done; "length": a limit ended it
+    error: str | None = None  # one line when the environment failed (the episode's reward is then NaN)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
+    started: float = field(default_factory=time.monotonic)
+    ended: float = 0.0  # when its last reply came (time.monotonic)
+    state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate"; "done"
+    turn_seed: int = 0
+
+
+class EpisodeRunner:
+    def __init__(self, settings: EpisodeSettings, tokenizer):
+        self.settings, self.tokenizer = settings, tokenizer
+        self.end_of_turn = tokenizer.eos_token_id
+        self.pool = EnvironmentPool(settings.spec, settings.options, settings.processes, settings.step_timeout_s)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def run(
+        self, rows: list[dict], seeds: list[int], sampling: SamplingSettings, generate: GenerateTurns
+    ) -> list[Episode]:
+        episodes = [Episode(EpisodeTokens(prompt=[]), turn_seed=seed) for seed in seeds]
+        for index, row in enumerate(rows):
+            self.pool.send("reset", index, row)
+        while any(e.state != "done" for e in episodes):
+            ready = [i for i, e in enumerate(episodes) if e.state == "generate"]
+            if ready:
+                self._generate(episodes, ready, sampling, generate)
+            for reply in self.pool.poll(0.0 if ready else 0.5):
+                self._receive(episodes[reply.episode], reply)
+            self._expire(episodes)
+        return episodes
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def _generate(self, episodes: list[Episode], ready: list[int], sampling: SamplingSettings, generate: GenerateTurns):
+        seeds = [episodes[i].turn_seed * 1_000_003 + episodes[i].tokens.turns for i in ready]
+        turns = generate([episodes[i].tokens.context for i in ready], seeds, sampling)
+        for index, turn in zip(ready, turns):
+            episode = episodes[index]
+            room = self.settings.max_episode_tokens - episode.tokens.length
+            ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
+            episode.tokens.add_turn(ids, logprobs)
+            episode.answer = (
+                turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
+            )
+            # Out of budget, or of turns: the episode ends here. A turn cut by rollout.max_new_tokens
+            # alone goes to the environment as written, which decides (as it would a human's).
+            out_of_budget = len(ids) < len(turn.token_ids) or episode.tokens.length >= self.settings.max_episode_tokens
+            if out_of_budget or episode.tokens.turns >= self.settings.max_turns:
+                ended = bool(ids) and ids[-1] == self.end_of_turn
+                episode.finish_reason = "stop" if ended and not out_of_budget else "length"
+                self._finish(index, episode)
+            else:
+                episode.state = "step"
+                self.pool.send("step", index, episode.answer)
+
+    def _receive(self, episode: Episode, reply: EnvReply) -> None:
+        index = reply.episode
+        if episode.state == "done" or (episode.state == "finish" and reply.op != "finish"):
+            return  # a reply to a request the episode gave up on (it timed out meanwhile)
+        if reply.error is not None:
+            episode.error = f"environment {reply.op}: {reply.error}"
+            episode.counts["env_timeouts" if reply.timed_out else "env_errors"] += 1
+            if reply.op == "finish":
+                episode.state, episode.ended = "done", time.monotonic()
+            else:
+                self._finish(index, episode)
+            return
+        if reply.op == "reset":
+            messages, tools = reply.value
+            episode.tokens.prompt = self.render(messages, True, tools)
+            episode.state = "generate"
+        elif reply.op == "step":
+            self._after_step(index, episode, reply.value)
+        else:
+            episode.reward += reply.value or 0.0
+            episode.state = "done"
+            episode.ended = time.monotonic()
+
+    def _after_step(self, index: int, episode: Episode, step) -> None:
+        episode.reward += step.reward
+        for name, count in step.counts.items():
+            episode.counts[name] = episode.counts.get(name, 0) + count
+        if step.done:
+            episode.finish_reason = "stop"
+            self._finish(index, episode)
+            return
+        reply = reply_tokens(self.render, self.end_of_turn, step.messages)
+        if episode.tokens.ids[-1:] != [self.end_of_turn]:  # a turn cut by max_new_tokens: the template closes it
+            reply = [self.end_of_turn] + reply
+        if episode.tokens.length + len(reply) >= self.settings.max_episode_tokens:
+            episode.counts["overflows"] += 1
+            episode.finish_reason = "length"
+            self._finish(index, episode)
+            return
+        episode.tokens.add_reply(reply)
+        episode.state = "generate"
+
+    def _finish(self, index: int, episode: Episode) -> None:
+        episode.state = "finish"
+        self.pool.send("finish", index)
+
+    def _expire(self, episodes: list[Episode]) -> None:
+        now = time.monotonic()
+        for index, episode in enumerate(episodes):
+            if episode.state in ("step", "generate") and now - episode.started > self.settings.episode_timeout_s:
+                episode.error = f"timed out after {self.settings.episode_timeout_s:g} s (environment.episode_timeout_s)"
+                episode.counts["env_timeouts"] += 1
+                self._finish(index, episode)

@@ -1,0 +1,133 @@
+"""Episodes on the hf engine with the tiny model (actors/episodes.py): a real environment in its
+own processes, the model's tokens kept exact (their log-probs are the learner's function's), the
+limits, failures counted, and episodes that do not wait for each other."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings
+from grpo_ray.actors.hf_engine import HFEngine
+from grpo_ray.models.loading import load_tokenizer, sequence_logprobs
+from grpo_ray.models.tiny import ensure_tiny_artifacts
+from grpo_ray.types import SamplingSettings
+
+ENV = '''
+import time
+from grpo_ray.envs.contract import Environment, StepResult
+
+class Echo(Environment):
+    """Replies with the turn's number; done after `turns` turns. A row field "sleep" slows its steps."""
+
+    def __init__(self, turns=2):
+        self.turns_wanted = turns
+
+    def reset(self, row):
+        self.turn, self.pause = 0, float(row.get("sleep", 0))
+        if row.get("fail"):
+            raise RuntimeError("no such puzzle")
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        time.sleep(self.pause)
+        self.turn += 1
+        return StepResult([{"role": "user", "content": "again " + str(self.turn)}], reward=0.25,
+                          done=self.turn >= self.turns_wanted)
+
+    def reward(self):
+        return 1.0
+'''
+SAMPLING = SamplingSettings(samples_per_prompt=1, max_new_tokens=6, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model_dir = str(ensure_tiny_artifacts().model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    return HFEngine(model_dir, tokenizer), tokenizer
+
+
+def runner(tmp_path, tokenizer, **changes):
+    path = tmp_path / "echo.py"
+    path.write_text(ENV)
+    values = (
+        dict(
+            spec=f"{path}:Echo",
+            options={},
+            max_turns=4,
+            max_episode_tokens=128,
+            step_timeout_s=30,
+            episode_timeout_s=120,
+            processes=2,
+        )
+        | changes
+    )
+    return EpisodeRunner(EpisodeSettings(**values), tokenizer)
+
+
+def test_an_episode_is_exact_and_its_log_probs_are_the_learners(engine, tmp_path):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer)
+    try:
+        rows = [{"prompt": "12+34="}, {"prompt": "50+7="}]
+        episodes = episodes_runner.run(rows, [1, 2], SAMPLING, hf.generate_turns)
+    finally:
+        episodes_runner.close()
+    for episode in episodes:
+        # Two turns whatever the model wrote: the environment ends the episode after its second step.
+        assert episode.error is None and episode.tokens.turns == 2
+        assert episode.reward == pytest.approx(0.25 * 2 + 1.0)
+        ids, mask, rollout = episode.tokens.arrays()
+        # The replies' tokens are context: the text "again 1" sits between the two turns, unmasked.
+        assert "again 1" in tokenizer.decode(ids[(mask == 0) & (np.arange(len(ids)) >= len(episode.tokens.prompt))])
+        learner, _ = sequence_logprobs(
+            hf.model, torch.tensor(ids[None]), torch.ones(1, len(ids), dtype=torch.long), 1.0
+        )
+        gap = np.abs(learner[0].detach().numpy() - rollout)[mask == 1]
+        assert gap.max() < 1e-4, f"engine and learner log-probs differ by {gap.max():.2e} on the model's tokens"
+
+
+def test_an_episode_is_the_same_whatever_it_is_batched_with(engine, tmp_path):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer)
+    try:
+        alone = episodes_runner.run([{"prompt": "12+34="}], [7], SAMPLING, hf.generate_turns)[0]
+        rows = [{"prompt": "9+9="}, {"prompt": "12+34="}, {"prompt": "70+2="}]
+        batched = episodes_runner.run(rows, [3, 7, 5], SAMPLING, hf.generate_turns)[1]
+    finally:
+        episodes_runner.close()
+    assert alone.tokens.arrays()[0].tolist() == batched.tokens.arrays()[0].tolist()
+
+
+def test_a_slow_environment_holds_only_its_own_episode(engine, tmp_path):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer, processes=1)
+    try:
+        rows = [{"prompt": "12+34=", "sleep": 1.5}, {"prompt": "50+7="}, {"prompt": "1+1="}]
+        started = time.monotonic()
+        slow, *fast = episodes_runner.run(rows, [1, 2, 3], SAMPLING, hf.generate_turns)
+    finally:
+        episodes_runner.close()
+    assert slow.ended - started >= 3.0  # two steps of 1.5 s
+    assert all(e.ended < slow.ended - 1.5 for e in fast), "a fast episode waited for the slow one"
+
+
+def test_limits_and_failures_are_counted_never_silent(engine, tmp_path):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer, max_turns=1)
+    try:
+        [one_turn, failed] = episodes_runner.run(
+            [{"prompt": "12+34="}, {"prompt": "x", "fail": True}], [1, 2], SAMPLING, hf.generate_turns
+        )
+    finally:
+        episodes_runner.close()
+    assert one_turn.tokens.turns == 1 and one_turn.error is None
+    assert failed.error == "environment reset: RuntimeError: no such puzzle" and failed.counts["env_errors"] == 1
+    budget = runner(tmp_path, tokenizer, max_episode_tokens=8)
+    try:
+        [small] = budget.run([{"prompt": "12+34="}], [1], SAMPLING, hf.generate_turns)
+    finally:
+        budget.close()
+    assert small.tokens.length <= 8 and small.finish_reason == "length"
