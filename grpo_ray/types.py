@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+# An episode's per-row figures travel as row fields named episode_<name> (actors/episodes.py).
+EPISODE_FIELD_PREFIX = "episode_"
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One training or evaluation prompt, already tokenised with the chat template."""
@@ -144,6 +148,9 @@ class ScoredSlice:
     completion_lengths: np.ndarray  # [N] int64
     truncated: np.ndarray  # [N] bool: finish_reason == "length"
     group_diversity: np.ndarray  # [N] float64: copied from the RolloutSlice
+    # Episodes (actors/episodes.py): name -> [N] float64 per row (turns, tool_calls, ...); empty for
+    # single-turn rows. From the slice's row fields named episode_<name>.
+    episode_stats: dict[str, np.ndarray] = field(default_factory=dict)
 
     def with_function(self, name: str, scores: np.ndarray, weight: float) -> "ScoredSlice":
         """This slice with one more scorer's [N] scores (NaN = failed) added to the total."""
@@ -159,6 +166,7 @@ class ScoredSlice:
             completion_lengths=self.completion_lengths,
             truncated=self.truncated,
             group_diversity=self.group_diversity,
+            episode_stats=self.episode_stats,
         )
 
     @staticmethod
@@ -182,6 +190,9 @@ class ScoredSlice:
             completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
             truncated=np.concatenate([p.truncated for p in parts]),
             group_diversity=np.concatenate([p.group_diversity for p in parts]),
+            episode_stats={
+                name: np.concatenate([p.episode_stats[name] for p in parts]) for name in parts[0].episode_stats
+            },
         )
 
 

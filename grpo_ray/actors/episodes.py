@@ -19,9 +19,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
-from grpo_ray.types import Completion, SamplingSettings
+from grpo_ray.rewards.environment import FIELD as ENVIRONMENT_FIELD
+from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice, SamplingSettings
 
 # generate_turns(contexts, seeds, sampling) -> one Completion per context (the engine's).
 GenerateTurns = Callable[[list[list[int]], list[int], SamplingSettings], list[Completion]]
@@ -158,3 +161,52 @@ class EpisodeRunner:
                 episode.error = f"timed out after {self.settings.episode_timeout_s:g} s (environment.episode_timeout_s)"
                 episode.counts["env_timeouts"] += 1
                 self._finish(index, episode)
+
+
+def episode_fields(episode: Episode) -> dict[str, float]:
+    """An episode's row fields: its environment reward (NaN: failed; rewards/environment.py) and its
+    figures (episode_<name>: the run's episode/<name> metrics, through ScoredSlice.episode_stats)."""
+    mask = np.asarray(episode.tokens.mask)
+    figures = {
+        "turns": episode.tokens.turns,
+        "tokens": episode.tokens.length,
+        "masked_tokens": int((mask == 0).sum()),
+        "failed": int(episode.error is not None),
+        **episode.counts,
+    }
+    reward = float("nan") if episode.error is not None else episode.reward
+    return {ENVIRONMENT_FIELD: reward, **{EPISODE_FIELD_PREFIX + k: float(v) for k, v in figures.items()}}
+
+
+def pack_episodes(
+    rows: list[tuple[int, Prompt, Episode]], pad_id: int, policy_version: int, diversity: dict[int, float]
+) -> RolloutSlice:
+    """(group id, prompt, episode) rows as a RolloutSlice: one row per episode, its tokens exact
+    (envs/episode.py), its last answer the completion the reward functions score."""
+    arrays = [episode.tokens.arrays() for _, _, episode in rows]
+    width = max(len(ids) for ids, _, _ in arrays)
+    n = len(rows)
+    input_ids = np.full((n, width), pad_id, dtype=np.int64)
+    attention = np.zeros((n, width), dtype=np.int64)
+    completion_mask = np.zeros((n, width), dtype=np.float32)
+    logprobs = np.zeros((n, width), dtype=np.float32)
+    for i, (ids, mask, lps) in enumerate(arrays):
+        input_ids[i, : len(ids)], attention[i, : len(ids)] = ids, 1
+        completion_mask[i, : len(ids)], logprobs[i, : len(ids)] = mask, lps
+    fields = [{**prompt.fields, **episode_fields(episode)} for _, prompt, episode in rows]
+    names = sorted({name for row in fields for name in row})
+    return RolloutSlice(
+        group_ids=np.array([g for g, _, _ in rows], dtype=np.int64),
+        prompt_uids=np.array([p.uid for _, p, _ in rows], dtype=np.int64),
+        input_ids=input_ids,
+        attention_mask=attention,
+        completion_mask=completion_mask,
+        rollout_logprobs=logprobs,
+        prompts=[p.text for _, p, _ in rows],
+        completions=[e.answer for _, _, e in rows],
+        answers=[p.answer for _, p, _ in rows],
+        finish_reasons=[e.finish_reason for _, _, e in rows],
+        row_fields={name: [row.get(name) for row in fields] for name in names},
+        policy_versions=np.full(n, policy_version, dtype=np.int64),
+        group_diversity=np.array([diversity[g] for g, _, _ in rows], dtype=np.float64),
+    )

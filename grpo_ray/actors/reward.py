@@ -16,7 +16,7 @@ import numpy as np
 
 from grpo_ray.rewards.by_source import RewardPlan, score_routed, take_rows
 from grpo_ray.rewards.scorer import RowScorer
-from grpo_ray.types import RolloutSlice, ScoredSlice
+from grpo_ray.types import EPISODE_FIELD_PREFIX, RolloutSlice, ScoredSlice
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,11 @@ class RewardWorker:
             completion_lengths=rows.completion_lengths,
             truncated=np.array([r == "length" for r in rows.finish_reasons], dtype=bool),
             group_diversity=rows.group_diversity,
+            episode_stats={
+                name.removeprefix(EPISODE_FIELD_PREFIX): np.asarray(values, dtype=np.float64)
+                for name, values in rows.row_fields.items()
+                if name.startswith(EPISODE_FIELD_PREFIX)
+            },
         )
 
     def _raw_scores(self, functions: list[int], batch: tuple) -> list[tuple[list[float | None], str | None]]:

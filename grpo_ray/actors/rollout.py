@@ -12,11 +12,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
+from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, pack_episodes
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import ReceiveTally, device_identity
 from grpo_ray.transport.handoff import HandoffReceiver, RingHandle, check_ring
@@ -50,6 +51,8 @@ class RolloutWorkerSettings:
     vllm_sleep_level: int = 0  # 0: never sleeps; 1 or 2: sleep() frees the GPU for the update
     tensor_parallel_size: int = 1
     lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
+    # Multi-turn episodes with this environment (environment.spec); None: one completion per sample.
+    environment: EpisodeSettings | None = None
 
 
 class RolloutWorker:
@@ -77,6 +80,9 @@ class RolloutWorker:
             ),
             self.tokenizer,
         )
+        # Episodes: the environment's processes start with the worker and live as long (a restarted
+        # worker starts new ones); each sample is then an episode (actors/episodes.py).
+        self.episodes = EpisodeRunner(settings.environment, self.tokenizer) if settings.environment else None
         self._asleep: set[str] = set()  # what of the engine's memory sleeps: "weights", "kv_cache"
         self.policy_version = 0
         self._group: BucketSource | None = None
@@ -114,6 +120,8 @@ class RolloutWorker:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         # The version the batch starts with labels its rows: a sync may land while it generates.
         version = self.policy_version
+        if self.episodes is not None:
+            return self._episode_slices(prompts, group_offset, sampling, num_slices, version)
         groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
@@ -129,6 +137,30 @@ class RolloutWorker:
         pad = self.tokenizer.pad_token_id
         slices = tuple(
             pack_slice(rows[i * per_slice : (i + 1) * per_slice], pad, version, diversity) for i in range(num_slices)
+        )
+        return slices[0] if num_slices == 1 else slices
+
+    def _episode_slices(
+        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int, version: int
+    ) -> tuple[RolloutSlice, ...] | RolloutSlice:
+        """Each of a prompt's G samples is an episode seeded by its place: a share issued again is the same."""
+        g = sampling.samples_per_prompt
+        rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
+        seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
+        turn = replace(sampling, samples_per_prompt=1)
+        episodes = self.episodes.run(
+            rows, seeds, turn, lambda *args: self._engine_call(self.engine.generate_turns, *args)
+        )
+        entries = [(group_offset + k, prompts[k], episodes[k * g + j]) for k in range(len(prompts)) for j in range(g)]
+        diversity = {
+            group_offset + k: group_distinct_ratio([episodes[k * g + j].answer for j in range(g)])
+            for k in range(len(prompts))
+        }
+        per_slice = len(entries) // num_slices
+        pad = self.tokenizer.pad_token_id
+        slices = tuple(
+            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity)
+            for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
 

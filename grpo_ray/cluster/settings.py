@@ -5,9 +5,10 @@ Pure (no Ray): cluster/roles.py starts the actors with these.
 
 from __future__ import annotations
 
+from grpo_ray.actors.episodes import EpisodeSettings
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.rollout import LoraShape, RolloutWorkerSettings
-from grpo_ray.config import BatchPlan, Config, longest_sequence, plan_lr_segments, syncs_lora_adapter
+from grpo_ray.config import BatchPlan, Config, EnvironmentConfig, longest_sequence, plan_lr_segments, syncs_lora_adapter
 
 
 def learner_settings(cfg: Config, plan: BatchPlan) -> LearnerSettings:
@@ -78,4 +79,19 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules)
         if syncs_lora_adapter(cfg)
         else None,
+        environment=episode_settings(cfg.environment),
+    )
+
+
+def episode_settings(env: EnvironmentConfig) -> EpisodeSettings | None:
+    if env.spec is None:
+        return None
+    return EpisodeSettings(
+        spec=env.spec,
+        options=dict(env.options),
+        max_turns=env.max_turns,
+        max_episode_tokens=env.max_episode_tokens,
+        step_timeout_s=env.step_timeout_s,
+        episode_timeout_s=env.episode_timeout_s,
+        processes=env.processes_per_worker,
     )

@@ -136,8 +136,10 @@ def total_steps(cfg: Config) -> int:
 
 
 def longest_completion(cfg: Config) -> int:
-    """The largest max_new_tokens of any stage."""
-    return max(stage.max_new_tokens for stage in plan_stages(cfg))
+    """The largest max_new_tokens of any stage; with episodes, their token budget (their turns and
+    the environment's replies after the prompt), if larger."""
+    turn = max(stage.max_new_tokens for stage in plan_stages(cfg))
+    return max(turn, cfg.environment.max_episode_tokens) if cfg.environment.spec else turn
 
 
 def longest_sequence(cfg: Config) -> int:

@@ -80,7 +80,9 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     """Run the recipe; resume: "auto" (from the newest checkpoint in output_dir if any), "require"
     (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside)."""
     plan_batches(cfg)
-    inputs = preflight(cfg).inputs  # what the run needs (training/preflight.py), before any Ray or MLflow run
+    inputs = preflight(
+        cfg, connect=False
+    ).inputs  # what the run needs (training/preflight.py), before any Ray or MLflow run
     output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"

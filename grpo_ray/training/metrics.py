@@ -33,6 +33,8 @@ def generation_metrics(rows: StepRows) -> dict[str, float]:
         # onto one answer show up here first. Groups without a 4-gram (NaN) are left out.
         "diversity/distinct_4": _mean(rows.group_diversity[first_of_group]),
     }
+    for name, values in rows.episode_stats.items():  # episodes: per-episode means (actors/episodes.py)
+        metrics[f"episode/{name}"] = _mean(values)
     for name, values in rows.per_function.items():
         label = function_label(name)
         metrics[f"reward/{label}/mean"] = _mean(values)

@@ -39,16 +39,20 @@ class Preflight:
     where: str  # what the plan was checked against: "this machine (2 CPUs, 0 GPUs)", "the cluster at ..."
 
 
-def preflight(cfg: Config, address: str | None = None) -> Preflight:
+def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> Preflight:
     """Every check above; raises the user error of the first that fails. address: a cluster to check
-    the plan against (default: ray.address, then RAY_ADDRESS; none: this machine)."""
+    the plan against (default: ray.address, then RAY_ADDRESS; none: this machine). connect=False
+    (train): a cluster's plan is left to reserve(), which asks the same of the cluster once the run
+    has joined it; a second connection from inside a Ray job would drop the job's working dir
+    (Ray frees a job's runtime environment when its last driver disconnects)."""
     check_quantization(cfg)
     for field, source in model_sources(cfg):
         check_model_source(source, field)
     check_reward_functions(cfg)
     check_environment(cfg)
     inputs = prepare_inputs(cfg)
-    where = check_plan_fits(cfg, address or cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+    address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
+    where = check_plan_fits(cfg, address) if address is None or connect else f"the cluster at {address} (at reserve)"
     return Preflight(inputs, where)
 
 

@@ -151,6 +151,7 @@ class StepRows:
     truncated: np.ndarray  # [N] bool
     group_diversity: np.ndarray  # [N] float64
     replacements: dict[int, KeptResponse] = field(default_factory=dict)  # row -> its new completion
+    episode_stats: dict[str, np.ndarray] = field(default_factory=dict)  # name -> [N] float64 (episodes only)
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -175,6 +176,9 @@ class StepRows:
             completion_lengths=np.concatenate([s.completion_lengths for s in scored]).astype(np.int64),
             truncated=np.concatenate([s.truncated for s in scored]),
             group_diversity=np.concatenate([s.group_diversity for s in scored]),
+            episode_stats={
+                name: np.concatenate([s.episode_stats[name] for s in scored]) for name in scored[0].episode_stats
+            },
         )
 
     @staticmethod
@@ -196,6 +200,9 @@ class StepRows:
             replacements={
                 int(offset) + row: r for p, offset in zip(parts, offsets) for row, r in p.replacements.items()
             },
+            episode_stats={
+                name: np.concatenate([p.episode_stats[name] for p in parts]) for name in parts[0].episode_stats
+            },
         )
 
     def select(self, index: np.ndarray) -> StepRows:
@@ -215,6 +222,7 @@ class StepRows:
             replacements={
                 new: self.replacements[int(old)] for new, old in enumerate(index) if int(old) in self.replacements
             },
+            episode_stats={name: values[index] for name, values in self.episode_stats.items()},
         )
 
     def with_group_ids(self, group_ids: np.ndarray) -> StepRows:
