@@ -25,6 +25,7 @@ RELATIVE_PATHS = (
 )
 
 
-def missing_path_hint() -> str:
-    """The tail of a "does not exist" error: which folder a relative path was read against."""
-    return f"({RELATIVE_PATHS})"
+def missing_path_hint(field: str = "") -> str:
+    """The tail of a "does not exist" error: which folder a relative path was read against (a
+    command's own option, "--data", is read against the working directory alone)."""
+    return "(relative to the working directory)" if field.startswith("--") else f"({RELATIVE_PATHS})"

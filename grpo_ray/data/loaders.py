@@ -54,7 +54,8 @@ def check_data_path(spec: str, field: str) -> None:
     path = Path(spec).expanduser()
     if Path(spec).suffix in _FORMATS and not path.exists():
         raise DataError(
-            f"{field}: {spec} does not exist {missing_path_hint()}; give a jsonl/json/parquet/arrow file or a hub id"
+            f"{field}: {spec} does not exist {missing_path_hint(field)}; "
+            "give a jsonl/json/parquet/arrow file or a hub id"
         )
 
 

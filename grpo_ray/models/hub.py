@@ -30,7 +30,7 @@ def check_model_source(source: str, field: str) -> None:
         path = Path(source).expanduser()
         if not path.exists():
             raise ModelLoadError(
-                f"{field}: {source} does not exist {missing_path_hint()}; give a model folder, "
+                f"{field}: {source} does not exist {missing_path_hint(field)}; give a model folder, "
                 "a hub id (org/name) or 'tiny'"
             )
         if path.is_dir() and not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():

@@ -141,7 +141,8 @@ def test_missing_data_file_is_one_line_error(tmp_path):
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        f"error: --data: {missing} does not exist; give an existing jsonl/json/parquet/arrow file or a hub id"
+        f"error: --data: {missing} does not exist (relative to the working directory); give a "
+        "jsonl/json/parquet/arrow file or a hub id"
     ]
     assert not (tmp_path / "mlflow.db").exists()  # refused before any run was logged
 
