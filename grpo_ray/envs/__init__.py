@@ -6,3 +6,7 @@ tools.py       a tool's JSON schema from its signature and docstring
 tool_calls.py  the model's tool calls read from its text (the chat template's tool format)
 episode.py     one episode's tokens: the model's (trained on) and everything else (context)
 """
+
+from grpo_ray.envs.contract import Environment, StepResult, ToolEnvironment
+
+__all__ = ["Environment", "StepResult", "ToolEnvironment"]
