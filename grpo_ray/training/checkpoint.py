@@ -64,6 +64,14 @@ HASH_VERSION = 2
 # "stages[].lr" names a field of every item of a list.
 ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "algorithm.kl_controller",
+    "environment.episode_timeout_s",
+    "environment.max_episode_tokens",
+    "environment.max_turns",
+    "environment.options",
+    "environment.processes_per_worker",
+    "environment.reward_weight",
+    "environment.spec",
+    "environment.step_timeout_s",
     "algorithm.kl_horizon",
     "algorithm.kl_target",
     "learner.initial_scale_power",
