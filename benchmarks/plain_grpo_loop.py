@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from grpo_ray.actors.hf_engine import HFEngine  # noqa: E402
-from grpo_ray.actors.rollout import pack_slice  # noqa: E402
+from grpo_ray.actors.slices import pack_slice  # noqa: E402
 from grpo_ray.algo import compute_advantages, grpo_loss  # noqa: E402
 from grpo_ray.data.loaders import load_rows  # noqa: E402
 from grpo_ray.data.prompts import PromptStream, tokenize_prompts  # noqa: E402

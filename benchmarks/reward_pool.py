@@ -22,7 +22,7 @@ import pyarrow.parquet as pq  # noqa: E402
 import ray  # noqa: E402
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker  # noqa: E402
-from grpo_ray.actors.rollout import pack_slice  # noqa: E402
+from grpo_ray.actors.slices import pack_slice  # noqa: E402
 from grpo_ray.cluster.dispatch import collect_scores, pool_tasks  # noqa: E402
 from grpo_ray.types import Completion, Prompt  # noqa: E402
 

@@ -9,8 +9,13 @@ hf (actors/hf_engine.py) runs the model in this process with Hugging Face; vllm
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from grpo_ray.quiet import verbose
 
 
 @dataclass(frozen=True)
@@ -28,11 +33,15 @@ class EngineSpec:
     cpu_kv_cache_gb: float = 1.0
     tensor_parallel_size: int = 1
     sleep_mode: bool = False  # the engine can sleep (rollout.vllm.sleep_level > 0; GPU only)
+    # vLLM's own log lines go to this file, only its errors to the console (None: vLLM's defaults).
+    log_file: str | None = None
 
 
 def build_engine(spec: EngineSpec, tokenizer):
     """The engine of `spec.backend`."""
     if spec.backend == "vllm":
+        if spec.log_file and not verbose():
+            route_vllm_logs(spec.log_file)
         from grpo_ray.actors.vllm_engine import VllmEngine
 
         return VllmEngine(
@@ -56,3 +65,33 @@ def build_engine(spec: EngineSpec, tokenizer):
     return HFEngine(
         spec.model_path, tokenizer, dtype=spec.dtype, config_overrides=spec.config_overrides, lora=spec.lora
     )
+
+
+def route_vllm_logs(log_file: str) -> None:
+    """vLLM's INFO and WARNING lines (its start-up, every sync's "Successfully reset prefix cache"
+    and layerwise reload notes, the scheduler's pauses) into `log_file`, its errors to stderr as
+    well: the console keeps the run's own lines. Through VLLM_LOGGING_CONFIG_PATH, which vLLM reads
+    when it is first imported, here and in the engine's processes it spawns (they inherit the
+    environment): so before the first `import vllm` of the process. Plain logging classes only, so
+    that every supported vLLM reads the same configuration."""
+    path = Path(log_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    plain = {"format": "%(levelname)s %(asctime)s %(processName)s [%(filename)s:%(lineno)d] %(message)s"}
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": plain},
+        "handlers": {
+            "file": {"class": "logging.FileHandler", "filename": str(path), "formatter": "plain", "level": "INFO"},
+            "console": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "plain",
+                "level": "ERROR",
+            },
+        },
+        "loggers": {"vllm": {"handlers": ["file", "console"], "level": "INFO", "propagate": False}},
+    }
+    config_file = path.with_suffix(".logging.json")
+    config_file.write_text(json.dumps(config))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_file)

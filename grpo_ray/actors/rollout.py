@@ -1,7 +1,7 @@
 """RolloutWorker: samples G completions per prompt and packs them into per-learner-rank slices.
 
-A plain class; the cluster layer makes it a Ray actor at spawn time. It never imports DeepSpeed.
-The engine (hf or vllm) sits behind one interface: generate, score, load_weights, bucket_storage.
+A plain class (the cluster layer makes it a Ray actor); it never imports DeepSpeed. The engine (hf
+or vllm) sits behind one interface: generate, score, load_weights, bucket_storage.
 A vllm engine's own worker processes join the weight broadcast instead of this process
 (`joins_weight_sync`: one rank per tensor-parallel shard; vllm_engine.py), except with LoRA.
 """
@@ -18,12 +18,13 @@ import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, pack_episodes
+from grpo_ray.actors.slices import pack_slice
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import ReceiveTally, device_identity
 from grpo_ray.transport.handoff import HandoffReceiver, RingHandle, check_ring
 from grpo_ray.transport.routes import BucketSource, Seat, join_seat, receive_buckets, receive_into, timed_receive
 from grpo_ray.models.loading import load_tokenizer, resolve_model_path
-from grpo_ray.types import Completion, Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
+from grpo_ray.types import Prompt, RolloutSlice, SamplingSettings, SyncReport, WeightSpec
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class RolloutWorkerSettings:
     vllm_sleep_level: int = 0  # 0: never sleeps; 1 or 2: sleep() frees the GPU for the update
     tensor_parallel_size: int = 1
     lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
-    # Multi-turn episodes with this environment (environment.spec); None: one completion per sample.
-    environment: EpisodeSettings | None = None
+    environment: EpisodeSettings | None = None  # episodes with this environment; None: one completion a sample
+    vllm_log_file: str | None = None  # vLLM's own log lines (actors/engines.py: route_vllm_logs)
 
 
 class RolloutWorker:
@@ -77,6 +78,7 @@ class RolloutWorker:
                 cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
                 tensor_parallel_size=settings.tensor_parallel_size,
                 sleep_mode=settings.vllm_sleep_level > 0,
+                log_file=settings.vllm_log_file,
             ),
             self.tokenizer,
         )
@@ -250,9 +252,8 @@ class RolloutWorker:
         self._drop = {shard: bucket}
 
     def keep_old_weights(self, shard: int = 0, keep: bool = True) -> None:
-        """Fault drill (tests): from the next sync on, this worker's engine (vLLM: its shard `shard`)
-        receives and counts every bucket, so its digests match, but loads none: an engine that keeps
-        its old weights, which only the weight probe can catch. keep=False ends the drill."""
+        """Fault drill (tests): from the next sync on, the engine (vLLM: its shard `shard`) counts every bucket,
+        so its digests match, but loads none: only the weight probe can catch it. keep=False ends the drill."""
         self._keep_old = sorted(set(self._keep_old) | {shard}) if keep else [s for s in self._keep_old if s != shard]
 
     def sleep(self) -> None:
@@ -352,49 +353,3 @@ class StaleWeightsError(RuntimeError):
 
     def __reduce__(self):  # Ray pickles it to the driver with its fields
         return (StaleWeightsError, (self.index, self.held, self.expected))
-
-
-def pack_slice(
-    rows: list[tuple[int, Prompt, Completion]],
-    pad_id: int,
-    policy_version: int,
-    diversity_by_group: dict[int, float] | None = None,
-) -> RolloutSlice:
-    """Right-padded [N, T] arrays from (group id, prompt, completion) rows; see types.py.
-
-    diversity_by_group: each group's distinct-4-gram ratio (NaN: no 4-gram); None: measured on the rows given.
-    """
-    if diversity_by_group is None:
-        texts: dict[int, list[str]] = {}
-        for group, _, completion in rows:
-            texts.setdefault(group, []).append(completion.text)
-        diversity_by_group = {group: group_distinct_ratio(group_texts) for group, group_texts in texts.items()}
-    width = max(len(p.token_ids) + len(c.token_ids) for _, p, c in rows)
-    n = len(rows)
-    input_ids = np.full((n, width), pad_id, dtype=np.int64)
-    attention = np.zeros((n, width), dtype=np.int64)
-    completion_mask = np.zeros((n, width), dtype=np.float32)
-    logprobs = np.zeros((n, width), dtype=np.float32)
-    for i, (_, prompt, completion) in enumerate(rows):
-        p, c = len(prompt.token_ids), len(completion.token_ids)
-        input_ids[i, :p] = prompt.token_ids
-        input_ids[i, p : p + c] = completion.token_ids
-        attention[i, : p + c] = 1
-        completion_mask[i, p : p + c] = 1.0
-        logprobs[i, p : p + c] = completion.logprobs
-    field_names = sorted({name for _, prompt, _ in rows for name in prompt.fields})
-    return RolloutSlice(
-        group_ids=np.array([g for g, _, _ in rows], dtype=np.int64),
-        prompt_uids=np.array([p.uid for _, p, _ in rows], dtype=np.int64),
-        input_ids=input_ids,
-        attention_mask=attention,
-        completion_mask=completion_mask,
-        rollout_logprobs=logprobs,
-        prompts=[p.text for _, p, _ in rows],
-        completions=[c.text for _, _, c in rows],
-        answers=[p.answer for _, p, _ in rows],
-        finish_reasons=[c.finish_reason for _, _, c in rows],
-        row_fields={name: [p.fields.get(name) for _, p, _ in rows] for name in field_names},
-        policy_versions=np.full(n, policy_version, dtype=np.int64),
-        group_diversity=np.array([diversity_by_group[g] for g, _, _ in rows], dtype=np.float64),
-    )

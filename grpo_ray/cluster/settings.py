@@ -80,6 +80,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         if syncs_lora_adapter(cfg)
         else None,
         environment=episode_settings(cfg.environment),
+        vllm_log_file=f"{cfg.output_dir}/logs/vllm-rollout-{index}.log",
     )
 
 

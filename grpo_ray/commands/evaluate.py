@@ -224,6 +224,7 @@ def load_engine(settings: EvalSettings, tokenizer, max_model_len: int):
         max_model_len=max_model_len,
         enforce_eager=not on_gpu,
         gpu_memory_utilization=0.85,
+        log_file=str(Path(settings.output_dir) / "logs" / "vllm.log"),
     )
     return _guarded(build_engine, settings.model)(spec, tokenizer)
 

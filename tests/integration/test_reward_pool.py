@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
-from grpo_ray.actors.rollout import pack_slice
+from grpo_ray.actors.slices import pack_slice
 from grpo_ray.cluster.dispatch import collect_scores, pool_tasks
 from grpo_ray.training.rows import failure_counts
 from grpo_ray.types import Completion, Prompt

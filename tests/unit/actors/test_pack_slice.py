@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from grpo_ray.actors.rollout import pack_slice
+from grpo_ray.actors.slices import pack_slice
 from grpo_ray.types import Completion, Prompt
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
-from grpo_ray.actors.rollout import pack_slice
+from grpo_ray.actors.slices import pack_slice
 from grpo_ray.commands.evaluate import summarize
 from grpo_ray.commands.rewards_score import ScoringRow, score_rows
 from grpo_ray.config import RewardConfig, RewardFunctionConfig

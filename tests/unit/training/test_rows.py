@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from grpo_ray.actors.rollout import pack_slice
+from grpo_ray.actors.slices import pack_slice
 from grpo_ray.training.rows import KeptResponse, SliceAssembly, StepRows, assemble_slice, failure_counts, read_response
 from grpo_ray.types import Completion, Prompt, ScoredSlice
 
