@@ -122,8 +122,6 @@ class RolloutWorker:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         # The version the batch starts with labels its rows: a sync may land while it generates.
         version = self.policy_version
-        if self.episodes is not None:
-            return self._episode_slices(prompts, group_offset, sampling, num_slices, version)
         groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling)
         rows = [
             (group_offset + k, prompt, completion)
@@ -142,10 +140,21 @@ class RolloutWorker:
         )
         return slices[0] if num_slices == 1 else slices
 
-    def _episode_slices(
-        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, num_slices: int, version: int
+    def generate_episodes(
+        self,
+        prompts: list[Prompt],
+        group_offset: int,
+        sampling: SamplingSettings,
+        num_slices: int,
+        expected_version: int | None = None,
     ) -> tuple[RolloutSlice, ...] | RolloutSlice:
-        """Each of a prompt's G samples is an episode seeded by its place: a share issued again is the same."""
+        """As `generate`, each of a prompt's G samples an episode with the recipe's environment
+        (actors/episodes.py), seeded by its place in the step: a share issued again is the same."""
+        if expected_version is not None and expected_version != self.policy_version:
+            raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
+        if self.episodes is None:
+            raise RuntimeError(f"{self.name} has no environment (environment.spec): it cannot run episodes")
+        version = self.policy_version
         g = sampling.samples_per_prompt
         rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
         seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]

@@ -70,13 +70,15 @@ def rollout_refs(
     num_slices: int,
     group_offset: int = 0,
     version: int | None = None,
+    method: str = "generate",
 ) -> list[list]:
     """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs. `version`: the
-    weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError)."""
+    weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError).
+    method: the RolloutWorker method that samples (the rollout kind's: generate, generate_episodes)."""
     refs = []
     for i, worker in enumerate(rollouts):
         share, offset = worker_share(prompts, i, len(rollouts))
-        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices, version))
+        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices, version, method))
     return refs
 
 
@@ -87,8 +89,10 @@ def generate_refs(
     sampling: SamplingSettings,
     num_slices: int,
     version: int | None = None,
+    method: str = "generate",
 ) -> list:
-    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices, version)
+    call = getattr(worker, method).options(num_returns=num_slices)
+    out = call.remote(prompts, group_offset, sampling, num_slices, version)
     return out if num_slices > 1 else [out]
 
 
@@ -180,7 +184,7 @@ def gather_fail_fast(calls: list) -> list:
 
 
 def evaluation_refs(
-    rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int
+    rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int, method: str = "generate"
 ) -> tuple[list, list[int]]:
     """Held-out prompts split across the rollout workers, one slice each: (refs, rows of each).
     Uneven shares are fine here: evaluation slices do not go to the learners."""
@@ -190,7 +194,7 @@ def evaluation_refs(
     refs, rows, start = [], [], 0
     for worker, size in zip(rollouts, sizes):
         if size:
-            refs.append(worker.generate.remote(prompts[start : start + size], start, sampling, 1, version))
+            refs.append(getattr(worker, method).remote(prompts[start : start + size], start, sampling, 1, version))
             rows.append(size * sampling.samples_per_prompt)
         start += size
     return refs, rows

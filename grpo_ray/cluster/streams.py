@@ -21,11 +21,19 @@ from dataclasses import dataclass
 
 import ray
 
-from grpo_ray.cluster.dispatch import StalledError, chunk_stream, collect_scores, reissue_lost_part, score_tasks
+from grpo_ray.cluster.dispatch import (
+    CallFailed,
+    StalledError,
+    chunk_stream,
+    collect_scores,
+    reissue_lost_part,
+    score_tasks,
+)
 from grpo_ray.cluster.roles import Workers
+from grpo_ray.cluster.rollout_kinds import Flight, RolloutKind, StopRule
 from grpo_ray.cluster.shares import chunk_sizes, worker_share
 from grpo_ray.config import Config
-from grpo_ray.types import Prompt, SamplingSettings, ScoredSlice
+from grpo_ray.types import Prompt, SamplingSettings, ScoredBatch, ScoredSlice
 
 
 @dataclass
@@ -151,3 +159,71 @@ class StreamedRollout:
 def _task_refs(tasks: tuple) -> list:
     parts, model = tasks
     return list(parts.values()) + ([model] if model is not None else [])
+
+
+@dataclass
+class StreamedFlight(Flight):
+    streamed: StreamedRollout | None = None
+
+
+class Streamed(RolloutKind):
+    """rollout.groups_per_chunk > 0: groups scored as they finish; the recipe's stop rule may end
+    the rollout once the batch's first groups, read in id order, hold what it needs."""
+
+    def __init__(self, cfg: Config, workers: Workers, recovery):
+        self.cfg, self.workers, self.recovery = cfg, workers, recovery
+
+    def issue(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int, version: int) -> Flight:
+        streamed = StreamedRollout(self.cfg, self.workers, prompts, sampling, group_offset, version)
+        return StreamedFlight(prompts, sampling, group_offset, version, streamed)
+
+    def generated(self, flight: StreamedFlight) -> bool:
+        return flight.streamed.arrived
+
+    def cancel(self, flight: StreamedFlight) -> None:
+        flight.streamed.cancel()
+
+    def collect(self, flight: StreamedFlight, timer, current: int, stop: StopRule | None) -> ScoredBatch:
+        cut = self._drive(flight, timer, current, stop)
+        chunks = flight.streamed.scored_chunks()
+        return ScoredBatch(
+            [c[0] for c in chunks],
+            [c[1] for c in chunks],
+            [c[2] for c in chunks],
+            flight.group_offset,
+            streamed=True,
+            kept_groups=cut,
+        )
+
+    def _drive(self, flight: StreamedFlight, timer, current: int, stop: StopRule | None) -> int | None:
+        """Run the stream until every chunk is in and scored, or until `stop` says how many of the
+        batch's groups to keep; then the rest is cancelled. Returns that count, None: all."""
+        streamed, num_groups = flight.streamed, len(flight.prompts)
+        while not streamed.done:
+            with timer("reward" if streamed.arrived else "rollout"):
+                try:
+                    streamed.advance()
+                except CallFailed as failed:
+                    self._recover(failed, flight, current)
+                    continue
+            if stop is not None and (chunks := streamed.scored_chunks()):
+                cut = stop([scored for _, _, scored in chunks], streamed.group_offset, num_groups)
+                if cut is not None and cut < num_groups:
+                    streamed.cancel()
+                    return cut
+        return None
+
+    def _recover(self, failed: CallFailed, flight: StreamedFlight, current: int) -> None:
+        """The dead worker replaced, then what it held issued again: a reward worker's unfinished
+        scoring calls, or a rollout worker's whole share (its chunks that had arrived are dropped)."""
+        if self.recovery is None:
+            raise failed.cause from None
+        role, index = self.recovery.recover(failed.cause)
+        if role == "reward":
+            parts = flight.streamed.reissue_lost_scoring(index)
+            self.recovery.log(f"re-issued reward-{index}'s {parts} unfinished scoring calls")
+            return
+        share, _ = worker_share(flight.prompts, index, len(self.workers.rollouts))
+        self.recovery.reissued_prompts += len(share)
+        self.recovery.reissue(flight.version, current, lambda: flight.streamed.issue(index, flight.version))
+        self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")

@@ -33,7 +33,7 @@ from functools import partial
 
 import numpy as np
 
-from grpo_ray.algo.filters import GroupAccumulator
+from grpo_ray.algo.filters import GroupAccumulator, groups_needed
 from grpo_ray.algo.reward_shaping import RewardShaper
 from grpo_ray.algo.polaris import PromptLedger, RescueBuffer, informative_substitution, latest_correct_rows, rescue_plan
 from grpo_ray.cluster.dispatch import fetch
@@ -199,7 +199,8 @@ class BatchBuilder:
         preview = partial(
             preview_rewards, max_new_tokens=max_new_tokens, overlong=self.overlong, clip=self.cfg.reward.clip
         )
-        batch = self.service.collect(flight, timer, self.policy_version(), need, preview)
+        stop = None if need is None else partial(_enough_groups, need=need, preview=preview)
+        batch = self.service.collect(flight, timer, self.policy_version(), stop)
         if batch.kept_groups is not None:  # groups dynamic sampling did not need: aborted, or finished unread
             self.unused_groups += len(flight.prompts) - batch.kept_groups
         with timer("reward"):
@@ -323,3 +324,12 @@ class BatchBuilder:
         self.rescue.load_state_dict(state["rescue"])
         self.failures.load_state_dict(state["failures"])
         self.shaper.load_state_dict(state.get("reward_shaper"))  # absent in checkpoints from before it
+
+
+def _enough_groups(scored: list[ScoredSlice], first_group: int, num_groups: int, need: int, preview) -> int | None:
+    """The stop rule handed to a streamed rollout (rollout_kinds.StopRule): how many of the batch's
+    groups, read in id order, hold the `need` informative groups dynamic sampling still wants, judged
+    on `preview`'s rewards; None while the chunks scored so far do not settle it."""
+    rewards = np.concatenate([preview(chunk) for chunk in scored])
+    group_ids = np.concatenate([chunk.group_ids for chunk in scored])
+    return groups_needed(rewards, group_ids, first_group, num_groups, need)

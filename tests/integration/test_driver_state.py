@@ -76,7 +76,7 @@ def test_k_skipped_updates_in_a_row_stop_the_run_and_a_good_one_resets_the_count
 
 
 def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
-    from grpo_ray.cluster.rollout_service import Flight
+    from grpo_ray.cluster.whole_shares import WholeShareFlight
     from grpo_ray.training.batch import Generation
     from grpo_ray.types import SamplingSettings
 
@@ -87,7 +87,7 @@ def test_batches_started_ahead_are_left_out_of_a_checkpoint_and_drawn_again():
     # What prefetch does for the next step: note the cursor, draw the prompts and a seed.
     b.pending.append(
         Generation(
-            Flight(
+            WholeShareFlight(
                 prompts=b.stream.take(2),
                 sampling=SamplingSettings(2, 5, 1.0),
                 group_offset=0,
