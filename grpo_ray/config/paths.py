@@ -106,13 +106,13 @@ def _named(item: Any) -> bool:
 
 
 def _local_model(value: str, base: Path) -> bool:
-    if value == "tiny" or not value.strip():
+    if value in ("tiny", "tiny-tools") or not value.strip():
         return False
     return value.startswith((".", "/", "~")) or value.count("/") != 1 or (base / value).exists()
 
 
 def _local_data(value: str, base: Path) -> bool:
-    if value.startswith("tiny:") or "://" in value or not value.strip():
+    if value.startswith(("tiny:", "tiny-tools:")) or "://" in value or not value.strip():
         return False
     return value.startswith((".", "/", "~")) or value.endswith(DATA_SUFFIXES) or (base / value).exists()
 

@@ -35,21 +35,22 @@ class Row:
 
 
 def resolve_data_path(spec: str) -> str:
-    if spec.startswith("tiny:"):
+    if spec.startswith(("tiny:", "tiny-tools:")):
         from grpo_ray.models.tiny import ensure_tiny_artifacts
+        from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts
 
-        split = spec.removeprefix("tiny:")
-        artifacts = ensure_tiny_artifacts()
+        name, _, split = spec.partition(":")
+        artifacts = ensure_tiny_artifacts() if name == "tiny" else ensure_tiny_tools_artifacts()
         files = {"train": artifacts.train_file, "heldout": artifacts.heldout_file}
         if split not in files:
-            raise DataError(f"{spec}: unknown tiny split; use tiny:train or tiny:heldout")
+            raise DataError(f"{spec}: unknown split; use {name}:train or {name}:heldout")
         return str(files[split])
     return spec
 
 
 def check_data_path(spec: str, field: str) -> None:
     """Fail fast, in the driver, on a local file that does not exist."""
-    if spec.startswith("tiny:"):
+    if spec.startswith(("tiny:", "tiny-tools:")):
         return
     path = Path(spec).expanduser()
     if Path(spec).suffix in _FORMATS and not path.exists():

@@ -12,19 +12,19 @@ import os
 from pathlib import Path
 
 from grpo_ray.errors import first_line, missing_path_hint
-from grpo_ray.models.loading import TINY, ModelLoadError
+from grpo_ray.models.loading import BUILT_IN_MODELS, ModelLoadError
 
 HUB_TIMEOUT_S = 10.0
 
 
 def looks_like_hub_id(source: str) -> bool:
     """ "org/name" that is not a local path (config/paths.py made every local path absolute)."""
-    return source != TINY and source.count("/") == 1 and not source.startswith((".", "/", "~"))
+    return source not in BUILT_IN_MODELS and source.count("/") == 1 and not source.startswith((".", "/", "~"))
 
 
 def check_model_source(source: str, field: str) -> None:
     """ModelLoadError (one line naming `field`) unless `source` can be loaded from here."""
-    if source == TINY:
+    if source in BUILT_IN_MODELS:
         return
     if not looks_like_hub_id(source):
         path = Path(source).expanduser()

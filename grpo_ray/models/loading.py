@@ -16,6 +16,8 @@ from grpo_ray.errors import first_line
 from grpo_ray.types import WeightSpec
 
 TINY = "tiny"
+TINY_TOOLS = "tiny-tools"  # the tiny model pre-trained to call a calculator (models/tiny_tools.py)
+BUILT_IN_MODELS = (TINY, TINY_TOOLS)
 
 
 class ModelLoadError(ValueError):
@@ -23,11 +25,15 @@ class ModelLoadError(ValueError):
 
 
 def resolve_model_path(path: str) -> str:
-    """ "tiny" -> the cached offline model folder (built once); anything else unchanged."""
+    """ "tiny", "tiny-tools" -> the cached offline model folder (built once); anything else unchanged."""
     if path == TINY:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
 
         return str(ensure_tiny_artifacts().model_dir)
+    if path == TINY_TOOLS:
+        from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts
+
+        return str(ensure_tiny_tools_artifacts().model_dir)
     return path
 
 
