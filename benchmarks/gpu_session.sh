@@ -4,7 +4,7 @@
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
 #   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | learner | handoff;
-#   default the first three)
+#   default: sleep e2e, sized for one lease)
 # sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
 #   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
 #   tolerance (issue 43's GPU point), then the learner's state offload;
@@ -26,7 +26,13 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-cache} PYTHONUNBUFFERED=1
-PARTS=${*:-tests tiny e2e}
+# The default, for one 15-minute lease (12 minutes of work after the overlay's carry, measured
+# 2026-11-26: five 48 MiB parts 40 s, unpacking 16 s): first what decides the most with the least
+# time, sleep mode's test and the probe's stale-engine drill (~200 s), then the e2e beside TRL
+# (TRL, on-policy, pipelined; a probe at every sync at the default tolerance: ~420 s at 6 steps);
+# the learner's profile (learner) and the engine options (turns) take the next lease.
+PARTS=${*:-sleep e2e}
+[ -z "${*:-}" ] && T_sleep=${T_sleep:-200} T_e2e=${T_e2e:-420} E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
 for wheel in .gpu-overlay/liger_kernel-*.whl; do
   [ -f "$wheel" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" 2>&1 | tail -1
 done
@@ -54,7 +60,8 @@ for part in $PARTS; do
         --work /tmp/e2e-tiny --json "$OUT/gpu_e2e_tiny.json" 2>&1 | tee "$OUT/tiny.log" | tail -30
       tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
     e2e)
-      timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 --steps 10 --warmup 3 \
+      timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 \
+        --steps ${E2E_STEPS:-10} --warmup ${E2E_WARMUP:-3} \
         --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tee "$OUT/e2e.log" | tail -40
       tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
     sync)
