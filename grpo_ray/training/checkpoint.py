@@ -23,12 +23,14 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from grpo_ray.config import Config, config_to_dict
+from grpo_ray.config.paths import relative_paths
 from grpo_ray.models.tensor_files import CheckpointError, os_error
 
 STATE_FILE = "state.json"
@@ -64,14 +66,8 @@ HASH_VERSION = 2
 # "stages[].lr" names a field of every item of a list.
 ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "algorithm.kl_controller",
-    "environment.episode_timeout_s",
-    "environment.max_episode_tokens",
-    "environment.max_turns",
-    "environment.options",
-    "environment.processes_per_worker",
-    "environment.reward_weight",
-    "environment.spec",
-    "environment.step_timeout_s",
+    # A whole section: listed by its name, or its emptied dict would stay in the legacy hash.
+    "environment",
     "algorithm.kl_horizon",
     "algorithm.kl_target",
     "learner.initial_scale_power",
@@ -109,6 +105,9 @@ ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
 class RecipeHashes:
     current: str  # format 2: the fields that differ from their defaults
     legacy: str | None  # format 1: what an older checkpoint of this recipe recorded; None: none can match
+    # Other hashes the same recipe was recorded under (paths written another way, config/paths.py).
+    also: tuple[str | None, ...] = ()
+    also_legacy: tuple[str | None, ...] = ()
 
 
 def recipe_hashes(
@@ -249,11 +248,25 @@ def resume_point(root: Path, mode: str, expected: RecipeHashes) -> Path | None:
             raise CheckpointError(f"--resume: there is no complete checkpoint under {root} to resume from")
         return None
     state = read_state(latest)
-    wanted = expected.current if state.hash_version >= HASH_VERSION else expected.legacy
-    if state.recipe_hash != wanted:
+    if state.hash_version >= HASH_VERSION:
+        wanted = {expected.current, *expected.also}
+    else:
+        wanted = {expected.legacy, *expected.also_legacy} - {None}
+    if state.recipe_hash not in wanted:
         raise CheckpointError(
             f"{latest} was written by a different recipe (hash {state.recipe_hash}, this one "
             f"{expected.current}); resume with the "
             "recipe the run started with, set output_dir to a new folder, or pass --no-resume to start over"
         )
     return latest
+
+
+def run_hashes(cfg: Config) -> RecipeHashes:
+    """The recipe's fingerprint, with paths as seen from the working directory (config/paths.py),
+    so that a project folder moved or cloned elsewhere keeps resuming; the hash of the paths as
+    given is accepted too (checkpoints written before paths were anchored)."""
+    full, non_default = config_to_dict(cfg), cfg.model_dump(mode="json", exclude_defaults=True)
+    here = Path.cwd()
+    portable = recipe_hashes(relative_paths(full, here), relative_paths(non_default, here))
+    as_given = recipe_hashes(full, non_default)
+    return replace(portable, also=(as_given.current,), also_legacy=(as_given.legacy,))

@@ -41,11 +41,9 @@ from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
-from grpo_ray.config.paths import relative_paths
 from grpo_ray.config import (
     Config,
     StagePlan,
-    config_to_dict,
     plan_batches,
     plan_stages,
     prefetch_room,
@@ -54,7 +52,7 @@ from grpo_ray.config import (
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
 from grpo_ray.training import interrupts
-from grpo_ray.training.checkpoint import read_state, recipe_hashes, resume_point, set_aside
+from grpo_ray.training.checkpoint import read_state, resume_point, run_hashes, set_aside
 from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
 from grpo_ray.training.evaluation import heldout_accuracy
 from grpo_ray.training.metrics import step_metrics
@@ -88,13 +86,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     checkpoints = output_dir / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
-    # Paths as seen from the working directory (config/paths.py): a checkpoint written before paths were
-    # anchored, or in a project folder since moved, still matches its recipe.
-    here = Path.cwd()
-    hashes = recipe_hashes(
-        relative_paths(config_to_dict(cfg), here),
-        relative_paths(cfg.model_dump(mode="json", exclude_defaults=True), here),
-    )
+    hashes = run_hashes(cfg)
     resume_from = resume_point(checkpoints, resume, hashes)
     state = read_state(resume_from) if resume_from else None
     if state is not None and state.finished:

@@ -284,3 +284,29 @@ def vllm_orphans() -> list[int]:
         and p.info["ppid"] == 1
         and p.info["status"] != psutil.STATUS_ZOMBIE
     ]
+
+
+EPISODES = [
+    f"environment.spec={ROOT / 'examples' / 'agents' / 'higher_lower.py'}:HigherLower",
+    "environment.max_turns=3",
+    "environment.max_episode_tokens=48",
+]
+
+
+def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_again(tmp_path):
+    # Episodes of several turns (an environment): the worker is killed inside generate_episodes,
+    # replaced, and its share's episodes run again from their seeds; the run equals the straight one.
+    straight_run = train(load_config(TINY, [f"output_dir={tmp_path / 'straight'}", *SHORT, *EPISODES]))
+    out = tmp_path / "hurt"
+    extra = [arg for item in EPISODES for arg in ("--set", item)]
+    lines, killed = run_killing(command(out, *extra), "ray::RolloutWorker.generate_episodes")
+    text = "".join(lines)
+    assert killed, f"no episode call was seen after step 2: {text[-2000:]}"
+    assert "rollout-0 died and was replaced by process" in text and "re-issued rollout-0's 32 prompts" in text
+    (run,) = top_level_runs(out)
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    assert sum(per_step(uri, run.info.run_id, "faults/rollout_replaced").values()) == 1.0
+    assert_same_steps(straight_run, uri, run.info.run_id)
+    turns = per_step(uri, run.info.run_id, "episode/turns")
+    assert turns == per_step(straight_run.tracking_uri, straight_run.run_id, "episode/turns")
+    assert not ray_processes()
