@@ -246,6 +246,10 @@ class ConsoleReporter:
             "s/step": metrics.get("timing/step"),
             # Updates between the weights that sampled this step's batch and the learner's.
             "stale": metrics.get("batch/staleness") if self.pipelined else None,
+            # Episodes (environment.spec): turns and tool calls per episode, and the failed fraction.
+            "turns": metrics.get("episode/turns"),
+            "calls": metrics.get("episode/tool_calls"),
+            "env-failed": metrics.get("episode/failed") or None,
         }
         fields = {k: f"{v:.4g}" for k, v in shown.items() if v is not None and math.isfinite(v)}
         if self.pipelined and "pipeline/ahead_during_update" in metrics:
