@@ -87,16 +87,16 @@ def main() -> None:
         )
         runner = EpisodeRunner(settings, tokenizer)
         try:
-            runner.run(rows[:4], [0, 1, 2, 3], sampling, engine.generate_turns)  # warm-up
+            runner.run(rows[:4], [0, 1, 2, 3], engine.turns(sampling))  # warm-up
             walls = []
             for repeat in range(args.repeats):
                 started = time.monotonic()
-                episodes = runner.run(rows, list(range(args.episodes)), sampling, engine.generate_turns)
+                episodes = runner.run(rows, list(range(args.episodes)), engine.turns(sampling))
                 walls.append(time.monotonic() - started)
             longest = max(rows, key=lambda r: r["turns"] * (r["pause_ms"] / 1000 + 0.01))
             index = rows.index(longest)
             started = time.monotonic()
-            runner.run([longest], [index], sampling, engine.generate_turns)
+            runner.run([longest], [index], engine.turns(sampling))
             alone = time.monotonic() - started
         finally:
             runner.close()

@@ -50,6 +50,7 @@ class Completion:
     logprobs: tuple[float, ...]  # [L] log-prob of each token under the sampling distribution
     text: str  # decoded completion without special tokens
     finish_reason: str  # "stop" (end of turn) or "length" (hit max_new_tokens)
+    cached_tokens: int = 0  # of its prompt, the tokens the engine found in its prefix cache (vllm)
 
 
 def pad_and_stack(arrays: list[np.ndarray], fill) -> np.ndarray:
@@ -263,7 +264,7 @@ class SyncReport:
     checksum: int  # weight_sync.bucket_checksum chained over the buckets, in send order
     num_bytes: int
     seconds: float
-    during_generation: bool = False  # the engine was generating when these weights landed (vllm, pipelined)
+    during_generation: bool = False  # the engine was generating (or in an episode) when these weights landed
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class EngineSpec:
     enforce_eager: bool = True
     gpu_memory_utilization: float = 0.5
     cpu_kv_cache_gb: float = 1.0
+    block_size: int | None = None  # None: vLLM's default
     tensor_parallel_size: int = 1
     sleep_mode: bool = False  # the engine can sleep (rollout.vllm.sleep_level > 0; GPU only)
     # vLLM's own log lines go to this file, only its errors to the console (None: vLLM's defaults).
@@ -53,6 +54,7 @@ def build_engine(spec: EngineSpec, tokenizer):
             enforce_eager=spec.enforce_eager,
             gpu_memory_utilization=spec.gpu_memory_utilization,
             cpu_kv_cache_gb=spec.cpu_kv_cache_gb,
+            block_size=spec.block_size,
             tensor_parallel_size=spec.tensor_parallel_size,
             config_overrides=spec.config_overrides,
             lora=spec.lora,

@@ -1,33 +1,50 @@
 """Multi-turn episodes on a rollout engine: generate, let the environment answer, generate again,
 until the environment says done, the turn limit, the token budget or a timeout.
 
-    runner = EpisodeRunner(settings, tokenizer)                 # starts the environment's processes
-    episodes = runner.run(rows, seeds, sampling, generate_turns)   # one Episode per (row, seed)
+    runner = EpisodeRunner(settings, tokenizer)              # starts the environment's processes
+    episodes = runner.run(rows, seeds, engine.turns(sampling))  # one Episode per (row, seed)
 
-The episodes of a call run side by side, not turn by turn in lockstep: each round generates the
-next turn of every episode that is ready (its environment has answered) in one batch, while the
-environment's processes work on the others' steps; an episode whose environment is slow holds
-only itself. Each turn is drawn from the episode's own seed (seed, turn), so an episode run again
-from its seed is the same episode, whatever it is batched with (recovery re-issues a dead worker's
-episodes that way). The row an episode becomes is envs/episode.py's; its reward from the
+The episodes of a call run side by side, not turn by turn in lockstep: an episode's next turn
+starts as soon as its environment has answered, and goes to the environment as soon as it is
+generated, while the environment's processes work on the others' steps; an episode whose
+environment or turn is slow holds only itself. The engine's `Turns` decide how started turns
+are batched: the hf engine generates those started since it was last asked as one batch
+(hf_engine.TurnBatches), vLLM runs each as a request of its own and hands it back when it is done
+(vllm_engine.VllmTurns). Each turn is drawn from the episode's own seed (seed, turn), so an
+episode run again from its seed is the same episode, whatever it is batched with (recovery
+re-issues a dead worker's episodes that way). The row an episode becomes is envs/episode.py's; its reward from the
 environment (steps plus reward()) goes in the row field `environment_reward` (NaN: it failed).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
 from grpo_ray.rewards.environment import FIELD as ENVIRONMENT_FIELD
-from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice, SamplingSettings
+from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice
 
-# generate_turns(contexts, seeds, sampling) -> one Completion per context (the engine's).
-GenerateTurns = Callable[[list[list[int]], list[int], SamplingSettings], list[Completion]]
+
+class Turns(Protocol):
+    """An engine's turns of episodes (hf_engine.TurnBatches, vllm_engine.VllmTurns)."""
+
+    def start(self, key: int, context: list[int], seed: int) -> None:
+        """Begin generating one turn: a completion of `context` drawn with `seed`."""
+
+    def finished(self, timeout: float) -> list[tuple[int, Completion]]:
+        """(key, turn) of turns done, waiting at most `timeout` seconds for the first."""
+
+    def close(self) -> None:
+        """Abandon the turns still running."""
+
+
+# Turn seeds stay below 2**63, what torch's and vLLM's generators take.
+SEED_RANGE = 2**63
 COUNTS = ("tool_calls", "unparsable_calls", "tool_errors", "env_errors", "env_timeouts", "overflows")
 
 
@@ -52,7 +69,8 @@ class Episode:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     started: float = field(default_factory=time.monotonic)
     ended: float = 0.0  # when its last reply came (time.monotonic)
-    state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate"; "done"
+    state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate" | "generating"; "done"
+    cached_tokens: int = 0  # of its turns' contexts, the tokens the engine found in its prefix cache
     turn_seed: int = 0
 
 
@@ -68,45 +86,53 @@ class EpisodeRunner:
         )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def run(
-        self, rows: list[dict], seeds: list[int], sampling: SamplingSettings, generate: GenerateTurns
-    ) -> list[Episode]:
+    def run(self, rows: list[dict], seeds: list[int], turns: Turns) -> list[Episode]:
         episodes = [Episode(EpisodeTokens(prompt=[]), turn_seed=seed) for seed in seeds]
         for index, row in enumerate(rows):
             self.pool.send("reset", index, row)
-        while any(e.state != "done" for e in episodes):
-            ready = [i for i, e in enumerate(episodes) if e.state == "generate"]
-            if ready:
-                self._generate(episodes, ready, sampling, generate)
-            for reply in self.pool.poll(0.0 if ready else 0.5):
-                self._receive(episodes[reply.episode], reply)
-            self._expire(episodes)
+        try:
+            while any(e.state != "done" for e in episodes):
+                for index, episode in enumerate(episodes):
+                    if episode.state == "generate":
+                        seed = (episode.turn_seed * 1_000_003 + episode.tokens.turns) % SEED_RANGE
+                        turns.start(index, episode.tokens.context, seed)
+                        episode.state = "generating"
+                generating = any(e.state == "generating" for e in episodes)
+                stepping = any(e.state in ("reset", "step", "finish") for e in episodes)
+                # Both sides work at once: each is asked in turn, briefly while the other has work.
+                done = turns.finished(0.02 if stepping else 0.5) if generating else []
+                for index, turn in done:
+                    self._take_turn(index, episodes[index], turn)
+                for reply in self.pool.poll(0.0 if generating or done else 0.5):
+                    self._receive(episodes[reply.episode], reply)
+                self._expire(episodes)
+        finally:
+            turns.close()
         return episodes
 
     def close(self) -> None:
         self.pool.close()
 
-    def _generate(self, episodes: list[Episode], ready: list[int], sampling: SamplingSettings, generate: GenerateTurns):
-        seeds = [episodes[i].turn_seed * 1_000_003 + episodes[i].tokens.turns for i in ready]
-        turns = generate([episodes[i].tokens.context for i in ready], seeds, sampling)
-        for index, turn in zip(ready, turns):
-            episode = episodes[index]
-            room = self.settings.max_episode_tokens - episode.tokens.length
-            ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
-            episode.tokens.add_turn(ids, logprobs)
-            episode.answer = (
-                turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
-            )
-            # Out of budget, or of turns: the episode ends here. A turn cut by rollout.max_new_tokens
-            # alone goes to the environment as written, which decides (as it would a human's).
-            out_of_budget = len(ids) < len(turn.token_ids) or episode.tokens.length >= self.settings.max_episode_tokens
-            if out_of_budget or episode.tokens.turns >= self.settings.max_turns:
-                ended = bool(ids) and ids[-1] == self.end_of_turn
-                episode.finish_reason = "stop" if ended and not out_of_budget else "length"
-                self._finish(index, episode)
-            else:
-                episode.state = "step"
-                self.pool.send("step", index, episode.answer)
+    def _take_turn(self, index: int, episode: Episode, turn: Completion) -> None:
+        if episode.state != "generating":
+            return  # the episode ended meanwhile (its time ran out)
+        room = self.settings.max_episode_tokens - episode.tokens.length
+        ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
+        episode.tokens.add_turn(ids, logprobs)
+        episode.cached_tokens += turn.cached_tokens
+        episode.answer = (
+            turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
+        )
+        # Out of budget, or of turns: the episode ends here. A turn cut by rollout.max_new_tokens
+        # alone goes to the environment as written, which decides (as it would a human's).
+        out_of_budget = len(ids) < len(turn.token_ids) or episode.tokens.length >= self.settings.max_episode_tokens
+        if out_of_budget or episode.tokens.turns >= self.settings.max_turns:
+            ended = bool(ids) and ids[-1] == self.end_of_turn
+            episode.finish_reason = "stop" if ended and not out_of_budget else "length"
+            self._finish(index, episode)
+        else:
+            episode.state = "step"
+            self.pool.send("step", index, episode.answer)
 
     def _receive(self, episode: Episode, reply: EnvReply) -> None:
         index = reply.episode
@@ -157,7 +183,10 @@ class EpisodeRunner:
     def _expire(self, episodes: list[Episode]) -> None:
         now = time.monotonic()
         for index, episode in enumerate(episodes):
-            if episode.state in ("step", "generate") and now - episode.started > self.settings.episode_timeout_s:
+            if (
+                episode.state in ("step", "generate", "generating")
+                and now - episode.started > self.settings.episode_timeout_s
+            ):
                 episode.error = f"timed out after {self.settings.episode_timeout_s:g} s (environment.episode_timeout_s)"
                 episode.counts["env_timeouts"] += 1
                 self._finish(index, episode)
@@ -171,6 +200,7 @@ def episode_fields(episode: Episode) -> dict[str, float]:
         "turns": episode.tokens.turns,
         "tokens": episode.tokens.length,
         "masked_tokens": int((mask == 0).sum()),
+        "cached_tokens": episode.cached_tokens,
         "failed": int(episode.error is not None),
         **episode.counts,
     }

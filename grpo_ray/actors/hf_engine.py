@@ -7,7 +7,7 @@ log-prob. On a GPU (when Ray gave the actor one) the model and the generation ru
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -116,6 +116,10 @@ class HFEngine:
         logprobs = recorder.drawn_logprobs(generated)
         return self._completions(generated.cpu(), logprobs.cpu())
 
+    def turns(self, sampling: SamplingSettings) -> TurnBatches:
+        """Episode turns (actors/episodes.py), generated a batch at a time."""
+        return TurnBatches(lambda contexts, seeds: self.generate_turns(contexts, seeds, sampling))
+
     def generate_stream(
         self, prompts: list[tuple[int, ...]], sampling: SamplingSettings, stop=None
     ) -> Iterator[tuple[int, list[Completion]]]:
@@ -175,6 +179,29 @@ class HFEngine:
             return None
         with torch.no_grad():
             return bucket_storage(params, specs, buckets)
+
+
+class TurnBatches:
+    """Episode turns on an engine that generates a batch at a time (actors/episodes.py's `Turns`):
+    the turns started since the last `finished` are generated then, as one batch, and all handed
+    back; the environment's processes work on the other episodes' steps meanwhile."""
+
+    def __init__(self, generate: Callable[[list[list[int]], list[int]], list[Completion]]):
+        self.generate = generate
+        self.waiting: list[tuple[int, list[int], int]] = []
+
+    def start(self, key: int, context: list[int], seed: int) -> None:
+        self.waiting.append((key, context, seed))
+
+    def finished(self, timeout: float) -> list[tuple[int, Completion]]:
+        if not self.waiting:
+            return []
+        batch, self.waiting = self.waiting, []
+        turns = self.generate([context for _, context, _ in batch], [seed for _, _, seed in batch])
+        return [(key, turn) for (key, _, _), turn in zip(batch, turns)]
+
+    def close(self) -> None:
+        self.waiting = []
 
 
 class SampledLogprobs(LogitsProcessor):

@@ -49,6 +49,7 @@ class RolloutWorkerSettings:
     vllm_enforce_eager: bool = True
     vllm_gpu_memory_utilization: float = 0.5
     vllm_cpu_kv_cache_gb: float = 1.0
+    vllm_block_size: int | None = None  # None: vLLM's default
     vllm_sleep_level: int = 0  # 0: never sleeps; 1 or 2: sleep() frees the GPU for the update
     tensor_parallel_size: int = 1
     lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
@@ -76,6 +77,7 @@ class RolloutWorker:
                 enforce_eager=settings.vllm_enforce_eager,
                 gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
                 cpu_kv_cache_gb=settings.vllm_cpu_kv_cache_gb,
+                block_size=settings.vllm_block_size,
                 tensor_parallel_size=settings.tensor_parallel_size,
                 sleep_mode=settings.vllm_sleep_level > 0,
                 log_file=settings.vllm_log_file,
@@ -159,9 +161,7 @@ class RolloutWorker:
         rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
         seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
         turn = replace(sampling, samples_per_prompt=1)
-        episodes = self.episodes.run(
-            rows, seeds, turn, lambda *args: self._engine_call(self.engine.generate_turns, *args)
-        )
+        episodes = self._engine_call(self.episodes.run, rows, seeds, self.engine.turns(turn))
         entries = [(group_offset + k, prompts[k], episodes[k * g + j]) for k in range(len(prompts)) for j in range(g)]
         diversity = {
             group_offset + k: group_distinct_ratio([episodes[k * g + j].answer for j in range(g)])

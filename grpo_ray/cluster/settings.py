@@ -73,6 +73,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         vllm_enforce_eager=r.vllm.enforce_eager,
         vllm_gpu_memory_utilization=r.vllm.gpu_memory_utilization,
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
+        vllm_block_size=r.vllm.block_size,
         vllm_sleep_level=r.vllm.sleep_level,
         tensor_parallel_size=r.tensor_parallel_size,
         # The engine holds the same adapter as the learner, and each sync sends only its matrices.

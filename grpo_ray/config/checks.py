@@ -20,10 +20,5 @@ def check_episodes(cfg: Config) -> None:
     """What episodes (environment.spec) do not run with yet, refused in one line before anything starts."""
     if cfg.environment.spec is None:
         return
-    if cfg.rollout.backend != "hf":
-        raise ConfigError(
-            "environment.spec: episodes run on rollout.backend hf for now (the vllm engine's episode loop is "
-            "not built yet); set rollout.backend: hf"
-        )
     if cfg.rollout.groups_per_chunk:
         raise ConfigError("rollout.groups_per_chunk: episodes are not streamed yet; set it to 0 with environment.spec")

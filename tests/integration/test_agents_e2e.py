@@ -10,6 +10,10 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.config import load_config
 from grpo_ray.training.loop import train
 
+from .conftest import HAS_VLLM
+
+NEEDS_VLLM = [pytest.mark.vllm, pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")]
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 
@@ -40,8 +44,19 @@ def history(result, key):
     return {m.step: m.value for m in MlflowClient(result.tracking_uri).get_metric_history(result.run_id, key)}
 
 
-@pytest.mark.parametrize("kind", ["higher-lower", "trl-class"])
+# vllm-pipelined: the vllm engine (prefix cache on, 32-token blocks) in a pipelined run, whose syncs
+# may land mid-episode (tested where it certainly does: test_vllm_engine.py).
+@pytest.mark.parametrize("kind", ["higher-lower", "trl-class", pytest.param("vllm-pipelined", marks=NEEDS_VLLM)])
 def test_an_agent_trains_on_episodes(tmp_path, kind):
+    engine = []
+    if kind == "vllm-pipelined":
+        engine = [
+            "rollout.backend=vllm",
+            "rollout.max_staleness=1",
+            "rollout.vllm.cpu_kv_cache_gb=0.25",
+            "rollout.vllm.block_size=32",
+            "weight_sync.probe_every=1",
+        ]
     if kind == "trl-class":
         (tmp_path / "calculator.py").write_text(TRL_CLASS)
         spec = f"{tmp_path / 'calculator.py'}:Calculator"
@@ -59,6 +74,7 @@ def test_an_agent_trains_on_episodes(tmp_path, kind):
             "environment.max_episode_tokens=48",
             "train.prompts_per_step=8",
             "learner.micro_batch_size=64",
+            *engine,
         ],
     )
     result = train(cfg)
@@ -67,6 +83,12 @@ def test_an_agent_trains_on_episodes(tmp_path, kind):
     assert sorted(turns) == [1, 2, 3] and all(1 <= t <= 3 for t in turns.values())
     assert len(history(result, "reward/environment/mean")) == 3
     assert max(history(result, "episode/failed").values()) == 0
+    if kind == "vllm-pipelined":
+        # Later turns found the episode's earlier blocks in vLLM's prefix cache; every sync proven.
+        assert max(history(result, "episode/cached_tokens").values()) > 0
+        assert sorted(history(result, "sync/during_generation")) == [1, 2, 3]
+        assert max(history(result, "batch/staleness").values()) == 1.0
+        return
     # The learner and the engine agree on every token the model wrote (the replies are masked out).
     assert max(history(result, "mismatch/abs_diff_max").values()) < 1e-4
     if kind == "higher-lower":

