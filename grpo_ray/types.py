@@ -78,6 +78,9 @@ class RolloutSlice:
     group_diversity: (
         np.ndarray
     )  # [N] float64: distinct-4-gram ratio of the row's whole group (all G texts); NaN: no 4-gram
+    # [N, T] float32, episodes with per-turn credit (environment.reward_per_turn) only: the weighted
+    # environment reward earned before each model token's turn, which its advantage leaves out.
+    reward_before: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:
@@ -105,6 +108,7 @@ class RolloutSlice:
             row_fields={name: pick(values) for name, values in self.row_fields.items()},
             policy_versions=self.policy_versions[rows],
             group_diversity=self.group_diversity[rows],
+            reward_before=None if self.reward_before is None else self.reward_before[rows],
         )
 
     @staticmethod
@@ -133,7 +137,16 @@ class RolloutSlice:
             },
             policy_versions=np.concatenate([p.policy_versions for p in parts]),
             group_diversity=np.concatenate([p.group_diversity for p in parts]),
+            reward_before=None
+            if all(p.reward_before is None for p in parts)
+            else pad_and_stack([p.token_rewards_before() for p in parts], 0.0),
         )
+
+    def token_rewards_before(self) -> np.ndarray:
+        """[N, T] reward_before, zeros where the slice has none."""
+        if self.reward_before is not None:
+            return self.reward_before
+        return np.zeros(self.input_ids.shape, dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -226,6 +239,9 @@ class LearnerShard:
     temperature: float  # sampling temperature: learner log-probs use logits / temperature
     norm_length: float  # seq-mean-token-sum-norm's constant: the stage's max_new_tokens
     kl_coef: float | None = None  # this step's KL coefficient (algorithm.kl_controller); None: the recipe's
+    # Per-turn credit (environment.reward_per_turn): one [N_k] array per slice, each row's advantage
+    # per unit of its own reward (algo.advantage_slopes); None: one advantage per row.
+    advantage_slopes: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True)

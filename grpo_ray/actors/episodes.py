@@ -19,6 +19,7 @@ environment (steps plus reward()) goes in the row field `environment_reward` (Na
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -57,6 +58,9 @@ class EpisodeSettings:
     step_timeout_s: float
     episode_timeout_s: float
     processes: int
+    # environment.reward_weight with environment.reward_per_turn, else 0: the weight of the step
+    # rewards a turn did not earn (RolloutSlice.reward_before); 0: the episode's reward applies whole.
+    turn_credit: float = 0.0
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Episode:
     tokens: EpisodeTokens
     answer: str = ""  # the text of the model's last turn (what the reward functions score)
     reward: float = 0.0  # the environment's: its steps' rewards plus reward() at the end
+    earned: float = 0.0  # its steps' rewards so far (what a next turn did not earn)
     finish_reason: str = "stop"  # "stop": the environment said done; "length": a limit ended it
     error: str | None = None  # one line when the environment failed (the episode's reward is then NaN)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
@@ -72,6 +77,7 @@ class Episode:
     state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate" | "generating"; "done"
     cached_tokens: int = 0  # of its turns' contexts, the tokens the engine found in its prefix cache
     turn_seed: int = 0
+    key: int = 0  # its instance's key in the environment pool (unique across calls)
 
 
 class EpisodeRunner:
@@ -79,6 +85,8 @@ class EpisodeRunner:
         self.settings, self.tokenizer = settings, tokenizer
         self.end_of_turn = tokenizer.eos_token_id
         self.pool = EnvironmentPool(settings.spec, settings.options, settings.processes, settings.step_timeout_s)
+        self._next_key = 0
+        self._abandoned: set[int] = set()  # keys of episodes a stopped stream left in the environment
 
     def render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None = None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
@@ -87,38 +95,70 @@ class EpisodeRunner:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def run(self, rows: list[dict], seeds: list[int], turns: Turns) -> list[Episode]:
-        episodes = [Episode(EpisodeTokens(prompt=[]), turn_seed=seed) for seed in seeds]
-        for index, row in enumerate(rows):
-            self.pool.send("reset", index, row)
+        """One Episode per (row, seed), in order."""
+        return [episode for _, [episode] in sorted(self.stream(rows, seeds, turns, 1))]
+
+    def stream(
+        self,
+        rows: list[dict],
+        seeds: list[int],
+        turns: Turns,
+        group_size: int,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[tuple[int, list[Episode]]]:
+        """(k, the episodes of group k) as each group's `group_size` episodes (rows k*group_size
+        onwards) are all done, in the order they finish. `stop` is asked between rounds: True
+        abandons the episodes still running and ends the stream."""
+        base, self._next_key = self._next_key, self._next_key + len(rows)
+        episodes = [Episode(EpisodeTokens(prompt=[]), turn_seed=seed, key=base + i) for i, seed in enumerate(seeds)]
+        pending = set(range(len(rows) // group_size))
+        for episode, row in zip(episodes, rows):
+            self.pool.send("reset", episode.key, row)
         try:
-            while any(e.state != "done" for e in episodes):
-                for index, episode in enumerate(episodes):
-                    if episode.state == "generate":
-                        seed = (episode.turn_seed * 1_000_003 + episode.tokens.turns) % SEED_RANGE
-                        turns.start(index, episode.tokens.context, seed)
-                        episode.state = "generating"
-                generating = any(e.state == "generating" for e in episodes)
-                stepping = any(e.state in ("reset", "step", "finish") for e in episodes)
-                # Both sides work at once: each is asked in turn, briefly while the other has work.
-                done = turns.finished(0.02 if stepping else 0.5) if generating else []
-                for index, turn in done:
-                    self._take_turn(index, episodes[index], turn)
-                for reply in self.pool.poll(0.0 if generating or done else 0.5):
-                    self._receive(episodes[reply.episode], reply)
-                self._expire(episodes)
+            while pending and not (stop is not None and stop()):
+                self._round(episodes, turns)
+                for k in sorted(pending):
+                    group = episodes[k * group_size : (k + 1) * group_size]
+                    if all(e.state == "done" for e in group):
+                        pending.discard(k)
+                        yield k, group
         finally:
             turns.close()
-        return episodes
+            self._abandoned |= {e.key for e in episodes if e.state != "done"}
+
+    def _round(self, episodes: list[Episode], turns: Turns) -> None:
+        """Start every ready turn, then take what the engine and the environment have finished."""
+        for index, episode in enumerate(episodes):
+            if episode.state == "generate":
+                seed = (episode.turn_seed * 1_000_003 + episode.tokens.turns) % SEED_RANGE
+                turns.start(index, episode.tokens.context, seed)
+                episode.state = "generating"
+        generating = any(e.state == "generating" for e in episodes)
+        stepping = any(e.state in ("reset", "step", "finish") for e in episodes)
+        # Both sides work at once: each is asked in turn, briefly while the other has work.
+        done = turns.finished(0.02 if stepping else 0.5) if generating else []
+        for index, turn in done:
+            self._take_turn(episodes[index], turn)
+        base = episodes[0].key
+        for reply in self.pool.poll(0.0 if generating or done else 0.5):
+            if 0 <= reply.episode - base < len(episodes):
+                self._receive(episodes[reply.episode - base], reply)
+            elif reply.episode in self._abandoned:  # a stopped stream's: its instance is freed
+                if reply.op == "finish":
+                    self._abandoned.discard(reply.episode)
+                elif reply.error is None:
+                    self.pool.send("finish", reply.episode)
+        self._expire(episodes)
 
     def close(self) -> None:
         self.pool.close()
 
-    def _take_turn(self, index: int, episode: Episode, turn: Completion) -> None:
+    def _take_turn(self, episode: Episode, turn: Completion) -> None:
         if episode.state != "generating":
             return  # the episode ended meanwhile (its time ran out)
         room = self.settings.max_episode_tokens - episode.tokens.length
         ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
-        episode.tokens.add_turn(ids, logprobs)
+        episode.tokens.add_turn(ids, logprobs, earned_before=episode.earned)
         episode.cached_tokens += turn.cached_tokens
         episode.answer = (
             turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -129,13 +169,12 @@ class EpisodeRunner:
         if out_of_budget or episode.tokens.turns >= self.settings.max_turns:
             ended = bool(ids) and ids[-1] == self.end_of_turn
             episode.finish_reason = "stop" if ended and not out_of_budget else "length"
-            self._finish(index, episode)
+            self._finish(episode)
         else:
             episode.state = "step"
-            self.pool.send("step", index, episode.answer)
+            self.pool.send("step", episode.key, episode.answer)
 
     def _receive(self, episode: Episode, reply: EnvReply) -> None:
-        index = reply.episode
         if episode.state == "done" or (episode.state == "finish" and reply.op != "finish"):
             return  # a reply to a request the episode gave up on (it timed out meanwhile)
         if reply.error is not None:
@@ -144,26 +183,27 @@ class EpisodeRunner:
             if reply.op == "finish":
                 episode.state, episode.ended = "done", time.monotonic()
             else:
-                self._finish(index, episode)
+                self._finish(episode)
             return
         if reply.op == "reset":
             messages, tools = reply.value
             episode.tokens.prompt = self.render(messages, True, tools)
             episode.state = "generate"
         elif reply.op == "step":
-            self._after_step(index, episode, reply.value)
+            self._after_step(episode, reply.value)
         else:
             episode.reward += reply.value or 0.0
             episode.state = "done"
             episode.ended = time.monotonic()
 
-    def _after_step(self, index: int, episode: Episode, step) -> None:
+    def _after_step(self, episode: Episode, step) -> None:
         episode.reward += step.reward
+        episode.earned += step.reward
         for name, count in step.counts.items():
             episode.counts[name] = episode.counts.get(name, 0) + count
         if step.done:
             episode.finish_reason = "stop"
-            self._finish(index, episode)
+            self._finish(episode)
             return
         reply = reply_tokens(self.render, self.end_of_turn, step.messages)
         if episode.tokens.ids[-1:] != [self.end_of_turn]:  # a turn cut by max_new_tokens: the template closes it
@@ -171,25 +211,25 @@ class EpisodeRunner:
         if episode.tokens.length + len(reply) >= self.settings.max_episode_tokens:
             episode.counts["overflows"] += 1
             episode.finish_reason = "length"
-            self._finish(index, episode)
+            self._finish(episode)
             return
         episode.tokens.add_reply(reply)
         episode.state = "generate"
 
-    def _finish(self, index: int, episode: Episode) -> None:
+    def _finish(self, episode: Episode) -> None:
         episode.state = "finish"
-        self.pool.send("finish", index)
+        self.pool.send("finish", episode.key)
 
     def _expire(self, episodes: list[Episode]) -> None:
         now = time.monotonic()
-        for index, episode in enumerate(episodes):
+        for episode in episodes:
             if (
                 episode.state in ("step", "generate", "generating")
                 and now - episode.started > self.settings.episode_timeout_s
             ):
                 episode.error = f"timed out after {self.settings.episode_timeout_s:g} s (environment.episode_timeout_s)"
                 episode.counts["env_timeouts"] += 1
-                self._finish(index, episode)
+                self._finish(episode)
 
 
 def episode_fields(episode: Episode) -> dict[str, float]:
@@ -209,10 +249,15 @@ def episode_fields(episode: Episode) -> dict[str, float]:
 
 
 def pack_episodes(
-    rows: list[tuple[int, Prompt, Episode]], pad_id: int, policy_version: int, diversity: dict[int, float]
+    rows: list[tuple[int, Prompt, Episode]],
+    pad_id: int,
+    policy_version: int,
+    diversity: dict[int, float],
+    turn_credit: float = 0.0,
 ) -> RolloutSlice:
     """(group id, prompt, episode) rows as a RolloutSlice: one row per episode, its tokens exact
-    (envs/episode.py), its last answer the completion the reward functions score."""
+    (envs/episode.py), its last answer the completion the reward functions score. turn_credit > 0
+    (EpisodeSettings): each model token's `reward_before`, turn_credit x what its turn did not earn."""
     arrays = [episode.tokens.arrays() for _, _, episode in rows]
     width = max(len(ids) for ids, _, _ in arrays)
     n = len(rows)
@@ -239,4 +284,13 @@ def pack_episodes(
         row_fields={name: [row.get(name) for row in fields] for name in names},
         policy_versions=np.full(n, policy_version, dtype=np.int64),
         group_diversity=np.array([diversity[g] for g, _, _ in rows], dtype=np.float64),
+        reward_before=_reward_before(rows, width, turn_credit) if turn_credit else None,
     )
+
+
+def _reward_before(rows: list[tuple[int, Prompt, Episode]], width: int, turn_credit: float) -> np.ndarray:
+    before = np.zeros((len(rows), width), dtype=np.float32)
+    for i, (_, _, episode) in enumerate(rows):
+        earned = episode.tokens.earned_array()
+        before[i, : len(earned)] = turn_credit * earned
+    return before

@@ -25,7 +25,7 @@ from grpo_ray.actors.deepspeed_setup import (
     loss_scale,
     safe_checkpoint_engine,
 )
-from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch
+from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch, turn_credit_moved
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
@@ -123,7 +123,10 @@ class LearnerWorker:
         k = len(shard.advantages)
         slices: list[RolloutSlice] = list(payload[:k])
         ref_arrays = list(payload[k:]) if len(payload) > k else None
-        batch = concat_rows(slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id)
+        batch = concat_rows(
+            slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id, shard.advantage_slopes
+        )
+        turn_credit = turn_credit_moved(batch)
         stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)
         batch["stale"] = torch.from_numpy(stale)
         self.engine.train()
@@ -154,6 +157,8 @@ class LearnerWorker:
             metrics["actor/loss_scale"] = scale
         in_loss = np.concatenate(shard.row_weights) > 0
         metrics["update/stale_rows"] = float(stale[in_loss].mean()) if in_loss.any() else 0.0
+        if turn_credit is not None:
+            metrics["actor/turn_credit"] = turn_credit
         grad_norm = self.engine.get_global_grad_norm()
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)

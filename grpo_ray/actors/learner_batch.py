@@ -17,9 +17,13 @@ def concat_rows(
     row_weights: list[np.ndarray],
     refs: list[np.ndarray] | None,
     pad_id: int,
+    slopes: list[np.ndarray] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
-    slice's width, so all come out equally wide)."""
+    slice's width, so all come out equally wide).
+
+    slopes (per-turn credit, LearnerShard.advantage_slopes): advantages become per token, each
+    model token's row advantage less its slope x the reward earned before its turn."""
     batch = {
         "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
         "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
@@ -30,7 +34,22 @@ def concat_rows(
     }
     if refs is not None:
         batch["ref_logprobs"] = torch.from_numpy(pad_and_stack(refs, 0.0))
+    if slopes is not None:
+        before = torch.from_numpy(pad_and_stack([s.token_rewards_before() for s in slices], 0.0))
+        slope = torch.from_numpy(np.concatenate(slopes).astype(np.float32))
+        batch["advantages"] = batch["advantages"][:, None] - slope[:, None] * before
+        batch["turn_credit"] = slope[:, None] * before  # what each token's advantage left out (a metric)
     return batch
+
+
+def turn_credit_moved(batch: dict[str, torch.Tensor]) -> float | None:
+    """Mean |advantage change| per-turn credit made on the model's tokens in the loss (actor/turn_credit),
+    taken out of the batch (it is not an input of the loss); None without per-turn credit."""
+    credit = batch.pop("turn_credit", None)
+    if credit is None:
+        return None
+    mask = batch["completion_mask"] * batch["row_weights"][:, None]
+    return float((credit.abs() * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def averaged(sums: dict[str, float], first_pass_micro_batches: int, micro_batches: int) -> dict[str, float]:

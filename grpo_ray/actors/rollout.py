@@ -152,28 +152,72 @@ class RolloutWorker:
     ) -> tuple[RolloutSlice, ...] | RolloutSlice:
         """As `generate`, each of a prompt's G samples an episode with the recipe's environment
         (actors/episodes.py), seeded by its place in the step: a share issued again is the same."""
-        if expected_version is not None and expected_version != self.policy_version:
-            raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
-        if self.episodes is None:
-            raise RuntimeError(f"{self.name} has no environment (environment.spec): it cannot run episodes")
-        version = self.policy_version
-        g = sampling.samples_per_prompt
-        rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
-        seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
-        turn = replace(sampling, samples_per_prompt=1)
+        rows, seeds, turn = self._episode_inputs(prompts, group_offset, sampling, expected_version)
+        version, g = self.policy_version, sampling.samples_per_prompt
         episodes = self._engine_call(self.episodes.run, rows, seeds, self.engine.turns(turn))
         entries = [(group_offset + k, prompts[k], episodes[k * g + j]) for k in range(len(prompts)) for j in range(g)]
+        # Measured here, where every group is whole: a slice may hold part of a group (as in `generate`).
         diversity = {
-            group_offset + k: group_distinct_ratio([episodes[k * g + j].answer for j in range(g)])
+            group_offset + k: group_distinct_ratio([e.answer for e in episodes[k * g : (k + 1) * g]])
             for k in range(len(prompts))
         }
         per_slice = len(entries) // num_slices
         pad = self.tokenizer.pad_token_id
         slices = tuple(
-            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity)
+            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity, self._turn_credit)
             for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
+
+    def generate_episode_chunks(
+        self,
+        prompts: list[Prompt],
+        group_offset: int,
+        sampling: SamplingSettings,
+        groups_per_chunk: int,
+        expected_version: int | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> Iterator[RolloutSlice]:
+        """As `generate_chunks`, each sample an episode: a slice of `groups_per_chunk` groups each time
+        that many groups' episodes are all done, in the order they finish; the episodes and their
+        seeds are those of `generate_episodes`."""
+        rows, seeds, turn = self._episode_inputs(prompts, group_offset, sampling, expected_version)
+        version = self.policy_version
+        stream = self.episodes.stream(rows, seeds, self.engine.turns(turn), sampling.samples_per_prompt, stop)
+        done: list[tuple[int, list]] = []
+        for k, group in self._engine_stream(stream):
+            done.append((k, group))
+            if len(done) == groups_per_chunk:
+                yield self._episode_slice(done, prompts, group_offset, version)
+                done = []
+        if done and not (stop is not None and stop()):
+            yield self._episode_slice(done, prompts, group_offset, version)
+
+    @property
+    def _turn_credit(self) -> float:
+        return self.settings.environment.turn_credit if self.settings.environment else 0.0
+
+    def _episode_inputs(
+        self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, expected_version: int | None
+    ) -> tuple[list[dict], list[int], SamplingSettings]:
+        """Each episode's data row and seed (its group's id and its place in the group), and the
+        sampling of one turn."""
+        if expected_version is not None and expected_version != self.policy_version:
+            raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
+        if self.episodes is None:
+            raise RuntimeError(f"{self.name} has no environment (environment.spec): it cannot run episodes")
+        g = sampling.samples_per_prompt
+        rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
+        seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
+        return rows, seeds, replace(sampling, samples_per_prompt=1)
+
+    def _episode_slice(
+        self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, version: int
+    ) -> RolloutSlice:
+        """(k, prompt k's episodes) as one slice, group ids offset by `group_offset`."""
+        entries = [(group_offset + k, prompts[k], episode) for k, episodes in groups for episode in episodes]
+        diversity = {group_offset + k: group_distinct_ratio([e.answer for e in episodes]) for k, episodes in groups}
+        return pack_episodes(entries, self.tokenizer.pad_token_id, version, diversity, self._turn_credit)
 
     def generate_chunks(
         self,

@@ -7,6 +7,7 @@ plain numbers, and every variant is chosen by a `str, Enum` name through a regis
 from grpo_ray.algo.advantages import (
     AdvantageEstimator,
     GroupRewardStats,
+    advantage_slopes,
     compute_advantages,
     get_advantage_estimator,
     group_reward_stats,
@@ -43,6 +44,7 @@ __all__ = [
     "aggregate_loss",
     "behaviour_is_weights",
     "compute_advantages",
+    "advantage_slopes",
     "entropy_from_logits",
     "get_advantage_estimator",
     "get_kl_estimator",

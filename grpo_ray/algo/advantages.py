@@ -164,3 +164,38 @@ def compute_advantages(
     """
     fn = get_advantage_estimator(estimator)
     return fn(_groups(rewards, group_ids), normalize_by_std, eps)
+
+
+def advantage_slopes(
+    estimator: AdvantageEstimator | str,
+    rewards: Tensor,
+    group_ids: Tensor,
+    *,
+    normalize_by_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """[N] how far each row's advantage moves per unit of its own reward, its baseline held: what
+    per-turn credit (environment.reward_per_turn) multiplies the reward a turn did not earn by.
+
+    A turn of an episode is credited with the reward earned from it on (reward-to-go): its advantage
+    is the estimator's with r_i - e in place of r_i (e: what the steps before the turn earned) and
+    the group's baseline and spread unchanged, i.e. A_i - slope_i * e.
+
+        grpo                   1 / (std_g + eps)   (normalize_by_std=False: 1)
+        dr_grpo, rloo          1                   (rloo's baseline leaves r_i out)
+        reinforce_pp_baseline  1 / (batch std of r - mean_g + eps)
+
+    A group with no spread (constant, or of one) has advantage 0 and slope 0: it carries no signal.
+    """
+    get_advantage_estimator(estimator)  # an unknown name: ValueError listing the choices
+    estimator = AdvantageEstimator(estimator)
+    groups = _groups(rewards, group_ids)
+    std = groups.stats.std[groups.inverse]
+    spread = std > 0
+    one = torch.ones_like(std)
+    if estimator is AdvantageEstimator.GRPO and normalize_by_std:
+        return torch.where(spread, one / (std + eps), 0.0)
+    if estimator is AdvantageEstimator.REINFORCE_PP_BASELINE:
+        batch_std = groups.centred.std() if groups.centred.numel() > 1 else groups.centred.new_zeros(())
+        return torch.where(spread & (batch_std > 0), one / (batch_std + eps), 0.0)
+    return torch.where(spread, one, 0.0)

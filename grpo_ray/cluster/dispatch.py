@@ -103,11 +103,15 @@ def chunk_stream(
     sampling: SamplingSettings,
     groups_per_chunk: int,
     version: int | None = None,
+    method: str = "generate_chunks",
 ):
     """A streaming call: an ObjectRefGenerator of RolloutSlice refs, one per `groups_per_chunk`
-    finished groups (RolloutWorker.generate_chunks). ray.cancel(stream) makes the worker abort."""
-    return worker.generate_chunks.options(num_returns="streaming").remote(
-        prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled
+    finished groups (RolloutWorker.generate_chunks, or generate_episode_chunks for episodes).
+    ray.cancel(stream) makes the worker abort."""
+    return (
+        getattr(worker, method)
+        .options(num_returns="streaming")
+        .remote(prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
     )
 
 

@@ -7,7 +7,8 @@ scores collected, and what a dead worker held issued again. The run chooses its 
     episodes (whole_shares.py)       the same shares, each sample an episode of several turns with
                                      the recipe's environment (RolloutWorker.generate_episodes)
     streamed (streams.py)            groups handed back and scored as they finish; the recipe's stop
-                                     rule ends the rollout once it has the groups it needs
+                                     rule ends the rollout once it has the groups it needs; with an
+                                     environment, each group's G samples are episodes
 
 The recipe (training/batch.py) hands `collect` its stop rule: given the chunks scored so far, how
 many of the batch's groups to keep, or None while they do not settle it. Whole shares score

@@ -55,9 +55,9 @@ class RolloutService:
 
 
 def choose_kind(cfg: Config, workers: Workers, recovery: WorkerRecovery | None) -> RolloutKind:
-    """The run's kind, chosen once from the recipe (streamed episodes are refused at load)."""
+    """The run's kind, chosen once from the recipe."""
     if cfg.rollout.groups_per_chunk:
-        return Streamed(cfg, workers, recovery)
+        return Streamed(cfg, workers, recovery, episodes=cfg.environment.spec is not None)
     if cfg.environment.spec:
         return Episodes(cfg, workers, recovery)
     return WholeShares(cfg, workers, recovery)

@@ -96,4 +96,5 @@ def episode_settings(env: EnvironmentConfig) -> EpisodeSettings | None:
         step_timeout_s=env.step_timeout_s,
         episode_timeout_s=env.episode_timeout_s,
         processes=env.processes_per_worker,
+        turn_credit=env.reward_weight if env.reward_per_turn else 0.0,
     )

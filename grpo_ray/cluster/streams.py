@@ -53,8 +53,10 @@ class StreamedRollout:
         sampling: SamplingSettings,
         group_offset: int,
         version: int,
+        method: str = "generate_chunks",
     ):
         self.cfg, self.workers, self.prompts, self.sampling = cfg, workers, prompts, sampling
+        self.method = method  # the RolloutWorker's streaming method
         self.group_offset = group_offset
         self.chunks: dict[int, list[Chunk]] = {}  # per rollout worker, its chunks in arrival order
         self.due: dict[int, list[int]] = {}  # per rollout worker, the group count of each chunk it owes
@@ -76,6 +78,7 @@ class StreamedRollout:
             self.sampling,
             self.cfg.rollout.groups_per_chunk,
             version,
+            self.method,
         )
 
     @property
@@ -170,11 +173,18 @@ class Streamed(RolloutKind):
     """rollout.groups_per_chunk > 0: groups scored as they finish; the recipe's stop rule may end
     the rollout once the batch's first groups, read in id order, hold what it needs."""
 
-    def __init__(self, cfg: Config, workers: Workers, recovery):
+    def __init__(self, cfg: Config, workers: Workers, recovery, episodes: bool = False):
+        """episodes: each sample an episode with the recipe's environment (generate_episode_chunks)."""
         self.cfg, self.workers, self.recovery = cfg, workers, recovery
+        self.chunk_method = "generate_episode_chunks" if episodes else "generate_chunks"
+        self.whole_method = "generate_episodes" if episodes else "generate"
+
+    @property
+    def remote_method(self) -> str:
+        return self.whole_method
 
     def issue(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int, version: int) -> Flight:
-        streamed = StreamedRollout(self.cfg, self.workers, prompts, sampling, group_offset, version)
+        streamed = StreamedRollout(self.cfg, self.workers, prompts, sampling, group_offset, version, self.chunk_method)
         return StreamedFlight(prompts, sampling, group_offset, version, streamed)
 
     def generated(self, flight: StreamedFlight) -> bool:

@@ -5,7 +5,7 @@ neither module imports the other."""
 from __future__ import annotations
 
 from grpo_ray.config.plans import check_plans
-from grpo_ray.config.schema import Config, ConfigError
+from grpo_ray.config.schema import Config
 from grpo_ray.config.training_plan import check_training
 
 
@@ -13,12 +13,3 @@ def check_config(cfg: Config) -> None:
     """Raises ConfigError (one line naming the field) for the first combination that cannot run."""
     check_plans(cfg)
     check_training(cfg)
-    check_episodes(cfg)
-
-
-def check_episodes(cfg: Config) -> None:
-    """What episodes (environment.spec) do not run with yet, refused in one line before anything starts."""
-    if cfg.environment.spec is None:
-        return
-    if cfg.rollout.groups_per_chunk:
-        raise ConfigError("rollout.groups_per_chunk: episodes are not streamed yet; set it to 0 with environment.spec")

@@ -193,6 +193,11 @@ class EnvironmentConfig(_Section):
     # Weight of the environment's reward (its steps' rewards plus reward() at the end) in the total
     # reward, beside reward.functions, which score the episode's last answer.
     reward_weight: float = 1.0
+    # Per-turn credit: a step's reward is credited to the turns before it, not after. Each turn's
+    # tokens are trained on the episode's reward less what the steps before that turn earned
+    # (reward-to-go), under the group's same baseline (algo.advantage_slopes). false: the episode's
+    # whole reward applies to every model token of it.
+    reward_per_turn: bool = False
 
 
 class Config(_Section):

@@ -43,6 +43,9 @@ class EpisodeTokens:
     ids: list[int] = field(default_factory=list)  # every token after the prompt
     mask: list[float] = field(default_factory=list)  # 1.0 on the model's tokens
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of the model's tokens, 0 elsewhere
+    # The environment's reward earned by the steps before each model token's turn (0 elsewhere):
+    # what per-turn credit takes off that turn's advantage (environment.reward_per_turn).
+    earned: list[float] = field(default_factory=list)
     turns: int = 0
 
     @property
@@ -55,18 +58,24 @@ class EpisodeTokens:
         """Tokens after the prompt (what the episode's token budget counts)."""
         return len(self.ids)
 
-    def add_turn(self, token_ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def add_turn(self, token_ids: Sequence[int], logprobs: Sequence[float], earned_before: float = 0.0) -> None:
         if len(token_ids) != len(logprobs):
             raise ValueError(f"{len(token_ids)} tokens but {len(logprobs)} log-probs")
         self.ids += list(token_ids)
         self.mask += [1.0] * len(token_ids)
         self.logprobs += [float(x) for x in logprobs]
+        self.earned += [float(earned_before)] * len(token_ids)
         self.turns += 1
 
     def add_reply(self, token_ids: Sequence[int]) -> None:
         self.ids += list(token_ids)
         self.mask += [0.0] * len(token_ids)
         self.logprobs += [0.0] * len(token_ids)
+        self.earned += [0.0] * len(token_ids)
+
+    def earned_array(self) -> np.ndarray:
+        """[T] the reward earned before each token's turn, over the whole row (prompt included)."""
+        return np.array([0.0] * len(self.prompt) + self.earned, dtype=np.float32)
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """[T] input ids, completion mask and rollout log-probs of the whole row (prompt included)."""

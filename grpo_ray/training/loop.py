@@ -34,6 +34,7 @@ from pathlib import Path
 
 import ray
 
+from grpo_ray.algo import advantage_slopes
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.placement import ClusterError, error_line
@@ -262,6 +263,10 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             ref_refs = workers.reference_logprobs(payloads, stage.temperature)
     with timer("advantages"):
         advantages = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
+        # environment.reward_per_turn: a turn's advantage leaves out what the steps before it earned
+        per_turn = cfg.environment.reward_per_turn
+        slopes = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std, advantage_slopes)
+        slopes = slopes if per_turn else None
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,
         # and generate while this one trains.
@@ -279,6 +284,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             float(stage.max_new_tokens),
             while_running=lambda: run.builder.prefetch(sampling, room),
             kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None,
+            slopes=slopes,
         )
     if cfg.rollout.max_staleness:  # what overlapped the update: batches generating beside it, and how many ended first
         extra["pipeline/ahead_during_update"], extra["pipeline/ahead_generated_by_update_end"] = run.builder.ahead()

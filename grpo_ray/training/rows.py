@@ -117,6 +117,10 @@ def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_
     completion_mask[row, prompt_length:length] = 1.0
     logprobs[row] = 0.0
     logprobs[row, prompt_length:length] = response.logprobs
+    before = None
+    if batch.reward_before is not None:  # a kept single answer earned nothing before its one turn
+        before = np.pad(batch.reward_before, ((0, 0), (0, grow)))
+        before[row] = 0.0
     swap = lambda values, new: [new if i == row else v for i, v in enumerate(values)]  # noqa: E731
     versions = batch.policy_versions.copy()
     versions[row] = response.policy_version
@@ -127,6 +131,7 @@ def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_
         attention_mask=attention,
         completion_mask=completion_mask,
         rollout_logprobs=logprobs,
+        reward_before=before,
         completions=swap(batch.completions, response.text),
         finish_reasons=swap(batch.finish_reasons, response.finish_reason),
     )

@@ -3,7 +3,8 @@
     payloads, sizes = learner_payloads(batch, num_ranks, pad_id)   # per rank: RolloutSlice refs, row counts
     train, kl = kl_reward_penalty(workers, payloads, train, ...)   # only with algorithm.kl_placement: reward
     advantages = group_advantages(train, estimator, normalize_by_std)
-    stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, ...)
+    slopes = group_advantages(train, estimator, normalize_by_std, of=advantage_slopes)  # per-turn credit only
+    stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, ..., slopes=slopes)
 
 Rank r trains on the r-th contiguous cut of the rows. When that cut is whole rollout slices, in
 order, the learner fetches them as they are; otherwise (rows were dropped, copied or replaced) a
@@ -56,13 +57,14 @@ def kl_reward_penalty(
     return train.with_rewards(rewards), float(kl[in_loss].mean()) if in_loss.any() else 0.0
 
 
-def group_advantages(rows: StepRows, estimator: str, normalize_by_std: bool) -> np.ndarray:
+def group_advantages(rows: StepRows, estimator: str, normalize_by_std: bool, of=compute_advantages) -> np.ndarray:
     """[N] advantages by `estimator` (algorithm.advantage, algorithm.normalize_by_std). Failed rows
-    (NaN) and rows out of the loss get 0 and stay out of group stats."""
+    (NaN) and rows out of the loss get 0 and stay out of group stats. of=advantage_slopes: each
+    row's advantage per unit of its own reward instead (per-turn credit), 0 for the same rows."""
     valid = np.isfinite(rows.rewards) & (rows.row_weights > 0)
     advantages = np.zeros(len(rows), dtype=np.float32)
     if valid.any():
-        advantages[valid] = compute_advantages(
+        advantages[valid] = of(
             estimator,
             torch.from_numpy(rows.rewards[valid]).float(),
             torch.from_numpy(rows.group_ids[valid]),
@@ -83,6 +85,7 @@ def run_update(
     norm_length: float,
     while_running: Callable[[], None] | None = None,
     kl_coef: float | None = None,
+    slopes: np.ndarray | None = None,
 ) -> list[LearnerStats]:
     """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
 
@@ -109,6 +112,7 @@ def run_update(
                 temperature=temperature,
                 norm_length=norm_length,
                 kl_coef=kl_coef,
+                advantage_slopes=None if slopes is None else [cut(slopes, i) for i in mine],
             )
         )
     calls = workers.update(shards, payloads, ref_refs)

@@ -39,6 +39,23 @@ class Calculator:
         return 0.1 * self.used
 '''
 
+TRY_TWICE = """
+from grpo_ray.envs import Environment, StepResult
+
+
+class TryTwice(Environment):
+    # The first step pays 1 for trying; the second pays for an answer of odd length (the groups'
+    # rewards then differ, whatever the tiny model writes).
+    def reset(self, row):
+        self.turn = 0
+        return [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, text):
+        self.turn += 1
+        reward = 1.0 if self.turn == 1 else float(len(text) % 2)
+        return StepResult([{"role": "user", "content": "again"}], reward=reward, done=self.turn >= 2)
+"""
+
 
 def history(result, key):
     return {m.step: m.value for m in MlflowClient(result.tracking_uri).get_metric_history(result.run_id, key)}
@@ -46,7 +63,11 @@ def history(result, key):
 
 # vllm-pipelined: the vllm engine (prefix cache on, 32-token blocks) in a pipelined run, whose syncs
 # may land mid-episode (tested where it certainly does: test_vllm_engine.py).
-@pytest.mark.parametrize("kind", ["higher-lower", "trl-class", pytest.param("vllm-pipelined", marks=NEEDS_VLLM)])
+# per-turn: environment.reward_per_turn, an environment whose first step pays: the answer turn's
+# advantage leaves that reward out (its size, per token: actor/turn_credit).
+@pytest.mark.parametrize(
+    "kind", ["higher-lower", "trl-class", "per-turn", pytest.param("vllm-pipelined", marks=NEEDS_VLLM)]
+)
 def test_an_agent_trains_on_episodes(tmp_path, kind):
     engine = []
     if kind == "vllm-pipelined":
@@ -60,6 +81,10 @@ def test_an_agent_trains_on_episodes(tmp_path, kind):
     if kind == "trl-class":
         (tmp_path / "calculator.py").write_text(TRL_CLASS)
         spec = f"{tmp_path / 'calculator.py'}:Calculator"
+    elif kind == "per-turn":
+        (tmp_path / "try_twice.py").write_text(TRY_TWICE)
+        spec = f"{tmp_path / 'try_twice.py'}:TryTwice"
+        engine = ["environment.reward_per_turn=true"]
     else:
         spec = str(ROOT / "examples" / "agents" / "higher_lower.py") + ":HigherLower"
     cfg = load_config(
@@ -83,6 +108,12 @@ def test_an_agent_trains_on_episodes(tmp_path, kind):
     assert sorted(turns) == [1, 2, 3] and all(1 <= t <= 3 for t in turns.values())
     assert len(history(result, "reward/environment/mean")) == 3
     assert max(history(result, "episode/failed").values()) == 0
+    if kind == "per-turn":
+        assert set(turns.values()) == {2.0}
+        assert min(history(result, "reward/environment/mean").values()) >= 1.0
+        # Some group had a spread in its answers: its second turns' advantages left the first step's 1.0 out.
+        assert max(history(result, "actor/turn_credit").values()) > 0
+        return
     if kind == "vllm-pipelined":
         # Later turns found the episode's earlier blocks in vLLM's prefix cache; every sync proven.
         assert max(history(result, "episode/cached_tokens").values()) > 0

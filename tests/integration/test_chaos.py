@@ -2,6 +2,12 @@
 phase of a step (generating, scoring, idle during the update, in the weight sync, during evaluation
 and checkpoints). Every death is recovered and the run equals a straight run step by step.
 
+The run is an agent's: each sample an episode of up to 3 turns with an environment in processes of
+the rollout worker's own (examples/agents/higher_lower.py), so a kill also takes a worker in the
+middle of its episodes, with its environment's processes (they exit when it does), and the
+episodes run again from their seeds. The rollout kinds share their recovery (cluster/whole_shares.py);
+single-turn kills are tested one by one in test_faults.py.
+
 The schedule is seeded: each kill names a driver phase to wait for, a role and a worker, and a delay
 into the phase. The killer runs in a thread of this process, beside the driver (train() in the main
 thread), reads the driver's phase (training/run.py current_phase) and finds the worker's process by the
@@ -37,6 +43,9 @@ SETTINGS = [
     "reward.num_workers=2",
     "ray.max_actor_restarts=20",
     "ray.num_cpus=4",
+    f"environment.spec={ROOT / 'examples' / 'agents' / 'higher_lower.py'}:HigherLower",
+    "environment.max_turns=3",
+    "environment.max_episode_tokens=48",
 ]
 # Phases a kill waits for, in schedule order; the roles it may hit in each.
 PHASES = ["update", "sync", "rollout", "evaluation", "reward", "checkpoint", "update", "sync", "advantages", "rollout"]
@@ -137,12 +146,15 @@ def test_a_run_with_workers_killed_in_every_phase_equals_the_straight_run(tmp_pa
         )
 
     assert len(kills) >= 8, kills
-    outside_generate = [k for k in kills if k["role"] == "RolloutWorker" and not k["doing"].endswith(".generate")]
+    generating = (".generate", ".generate_episodes")
+    outside_generate = [k for k in kills if k["role"] == "RolloutWorker" and not k["doing"].endswith(generating)]
     assert len(outside_generate) >= 3, kills
     # Every rollout worker's death was found (in a call, a sync, or by its stale weights) and replaced
     # once. A reward worker that died idle is simply restarted by Ray: nothing of it is lost.
     assert rollout_replaced == sum(k["role"] == "RolloutWorker" for k in kills), (rollout_replaced, kills)
-    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy", "eval/accuracy"):
+    assert max(history(hurt, "episode/turns").values()) > 1
+    keys = ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy", "eval/accuracy", "episode/turns")
+    for key in keys:
         want, got = history(straight, key), history(hurt, key)
         assert sorted(got) == sorted(want), key
         for step in want:

@@ -33,11 +33,11 @@ def command(output_dir: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets, *extra]
 
 
-def start(output_dir: Path, log: Path) -> subprocess.Popen:
+def start(output_dir: Path, log: Path, *extra: str) -> subprocess.Popen:
     # Its own session: SIGKILL to the group takes the driver and the local Ray it started, as a
     # lost machine or a killed job would.
     return subprocess.Popen(
-        command(output_dir),
+        command(output_dir, *extra),
         cwd=ROOT,
         start_new_session=True,
         stdout=log.open("w"),
@@ -71,8 +71,24 @@ def straight(tmp_path_factory):
     return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight')}", *SHORT]))
 
 
+EPISODES = [
+    f"environment.spec={ROOT / 'examples' / 'agents' / 'higher_lower.py'}:HigherLower",
+    "environment.max_turns=3",
+    "environment.max_episode_tokens=48",
+]
+
+
+@pytest.fixture(scope="module")
+def straight_episodes(tmp_path_factory):
+    """The straight run of an agent: each sample an episode with an environment."""
+    return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight-episodes')}", *SHORT, *EPISODES]))
+
+
 def assert_same_steps(straight, tracking_uri: str, run_id: str) -> None:
-    for key in ("batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"):
+    keys = ["batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"]
+    if "episode/turns" in MlflowClient(straight.tracking_uri).get_run(straight.run_id).data.metrics:
+        keys.append("episode/turns")
+    for key in keys:
         want = per_step(straight.tracking_uri, straight.run_id, key)
         got = per_step(tracking_uri, run_id, key)
         assert sorted(got) == sorted(want) == [1, 2, 3, 4], key
@@ -80,14 +96,18 @@ def assert_same_steps(straight, tracking_uri: str, run_id: str) -> None:
             assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} vs {want[step]}"
 
 
-def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, straight):
-
+@pytest.mark.parametrize("kind", ["single-turn", "episodes"])
+def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, request, kind):
+    # episodes: an agent's run (an environment), whose episodes after the resume are those of the
+    # straight run: their seeds come from the step and the group, not from what ran before.
+    straight = request.getfixturevalue("straight" if kind == "single-turn" else "straight_episodes")
+    extra = [] if kind == "single-turn" else [arg for item in EPISODES for arg in ("--set", item)]
     b, log = tmp_path / "b", tmp_path / "b.log"
-    proc = start(b, log)
+    proc = start(b, log, *extra)
     wait_for(b / "checkpoints" / "step_000002" / "state.json", proc, log)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    resumed = subprocess.run(command(b), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    resumed = subprocess.run(command(b, *extra), cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming from {b / 'checkpoints' / 'step_000002'} (step 2)" in resumed.stdout
 
@@ -98,9 +118,10 @@ def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, str
     assert_same_steps(straight, uri, run.info.run_id)
     assert per_step(uri, run.info.run_id, "eval/accuracy")[4] == straight.eval_accuracy[4]
     # The run is complete: the same command again trains nothing.
-    again = subprocess.run(command(b), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(command(b, *extra), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "holds a run that finished at step 4" in again.stdout
     assert not ray_processes()
+    assert not left_behind(spawned_orphans), "environment or sandbox processes outlived the killed run"
 
 
 def test_a_killed_learner_stops_the_run_with_a_clear_message_and_resume_finishes_it(tmp_path):
@@ -212,15 +233,22 @@ def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
 
 
 @pytest.mark.parametrize(
-    "role, title", [("rollout", "ray::RolloutWorker.generate"), ("reward", "ray::RewardWorker.score")]
+    "role, title, episodes",
+    [
+        ("rollout", "ray::RolloutWorker.generate", False),
+        ("reward", "ray::RewardWorker.score", False),
+        ("reward", "ray::RewardWorker.score", True),
+    ],
 )
-def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, straight, role, title):
-    extra = []
+def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, request, role, title, episodes):
+    # episodes: an agent's run, streamed (its groups' episodes scored as each group finishes).
+    straight = request.getfixturevalue("straight_episodes" if episodes else "straight")
+    extra = [arg for item in EPISODES for arg in ("--set", item)] if episodes else []
     if role == "reward":
         # Streamed: each half of the prompts is scored as it arrives (two calls a step), and the run
         # must still equal the straight run, which took its prompts in one piece.
         (tmp_path / "slow_reward.py").write_text(SLOW_EXACT_MATCH)
-        extra = [
+        extra += [
             "--set",
             f"reward.functions=[{{name: {tmp_path / 'slow_reward.py'}:slow_exact_match}}]",
             "--set",
@@ -276,6 +304,26 @@ def test_a_dead_vllm_engine_takes_its_rollout_worker_down_and_recovery_replaces_
     assert not orphans, f"vLLM processes left behind: {orphans}"
 
 
+def left_behind(orphans, seconds: float = 20.0) -> list[int]:
+    """What `orphans()` still finds after up to `seconds` (an orphan notices its parent died within a second)."""
+    deadline = time.monotonic() + seconds
+    while (found := orphans()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return found
+
+
+def spawned_orphans() -> list[int]:
+    """Processes started by multiprocessing's spawn (environment processes, reward sandboxes) whose
+    parent died: re-parented to init, and not zombies."""
+    return [
+        p.pid
+        for p in psutil.process_iter(["cmdline", "ppid", "status"])
+        if "multiprocessing.spawn" in " ".join(p.info["cmdline"] or [])
+        and p.info["ppid"] == 1
+        and p.info["status"] != psutil.STATUS_ZOMBIE
+    ]
+
+
 def vllm_orphans() -> list[int]:
     return [
         p.pid
@@ -286,17 +334,9 @@ def vllm_orphans() -> list[int]:
     ]
 
 
-EPISODES = [
-    f"environment.spec={ROOT / 'examples' / 'agents' / 'higher_lower.py'}:HigherLower",
-    "environment.max_turns=3",
-    "environment.max_episode_tokens=48",
-]
-
-
-def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_again(tmp_path):
+def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_again(tmp_path, straight_episodes):
     # Episodes of several turns (an environment): the worker is killed inside generate_episodes,
     # replaced, and its share's episodes run again from their seeds; the run equals the straight one.
-    straight_run = train(load_config(TINY, [f"output_dir={tmp_path / 'straight'}", *SHORT, *EPISODES]))
     out = tmp_path / "hurt"
     extra = [arg for item in EPISODES for arg in ("--set", item)]
     lines, killed = run_killing(command(out, *extra), "ray::RolloutWorker.generate_episodes")
@@ -306,7 +346,6 @@ def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_ag
     (run,) = top_level_runs(out)
     uri = f"sqlite:///{out / 'mlflow.db'}"
     assert sum(per_step(uri, run.info.run_id, "faults/rollout_replaced").values()) == 1.0
-    assert_same_steps(straight_run, uri, run.info.run_id)
-    turns = per_step(uri, run.info.run_id, "episode/turns")
-    assert turns == per_step(straight_run.tracking_uri, straight_run.run_id, "episode/turns")
+    assert_same_steps(straight_episodes, uri, run.info.run_id)
     assert not ray_processes()
+    assert not left_behind(spawned_orphans), "the killed worker's environment processes outlived it"

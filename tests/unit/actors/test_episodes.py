@@ -169,3 +169,29 @@ def test_limits_and_failures_are_counted_never_silent(engine, tmp_path):
     finally:
         budget.close()
     assert small.tokens.length <= 8 and small.finish_reason == "length"
+
+
+def test_a_stream_hands_back_each_group_as_it_finishes_and_a_stop_leaves_nothing_behind(engine, tmp_path):
+    hf, tokenizer = engine
+    episodes_runner = runner(tmp_path, tokenizer)
+    rows = [{"prompt": "12+34=", "sleep": 1.0}] * 2 + [{"prompt": "50+7="}] * 2 + [{"prompt": "1+1="}] * 2
+    try:
+        stream = episodes_runner.stream(rows, [1, 2, 3, 4, 5, 6], hf.turns(SAMPLING), group_size=2)
+        order = [k for k, group in stream if len(group) == 2]
+        assert sorted(order) == [0, 1, 2] and order[-1] == 0, "the slow group comes last"
+        # Stopped once the first group is in: the slow group's episodes are abandoned mid-step...
+        stopped = []
+        for k, _ in episodes_runner.stream(rows, [1, 2, 3, 4, 5, 6], hf.turns(SAMPLING), 2, lambda: bool(stopped)):
+            stopped.append(k)
+        assert stopped and 0 not in stopped
+        # ...and their late replies do not reach the next call's episodes, which are those of a fresh runner.
+        again = episodes_runner.run(rows[2:4], [3, 4], hf.turns(SAMPLING))
+    finally:
+        episodes_runner.close()
+    fresh = runner(tmp_path, tokenizer)
+    try:
+        want = fresh.run(rows[2:4], [3, 4], hf.turns(SAMPLING))
+    finally:
+        fresh.close()
+    assert [e.tokens.arrays()[0].tolist() for e in again] == [e.tokens.arrays()[0].tolist() for e in want]
+    assert all(e.error is None for e in again)

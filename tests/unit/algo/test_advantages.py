@@ -147,3 +147,26 @@ def test_vectorised_matches_loop(seed, estimator, normalize_by_std):
     expected = _reference_advantages(estimator, rewards, group_ids, normalize_by_std, eps=1e-6)
     actual = compute_advantages(estimator, rewards, group_ids, normalize_by_std=normalize_by_std, eps=1e-6)
     assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_advantage_slopes_turn_the_reward_a_turn_did_not_earn_into_its_advantage_offset():
+    from grpo_ray.algo import advantage_slopes
+
+    # Group 0: rewards 1, 3 (mean 2, unbiased std sqrt(2)); group 1 constant; group 2 of one.
+    rewards = torch.tensor([1.0, 3.0, 5.0, 5.0, 7.0])
+    groups = torch.tensor([0, 0, 1, 1, 2])
+    root2 = 2**0.5
+    grpo = advantage_slopes("grpo", rewards, groups, eps=0.0)
+    assert torch.allclose(grpo, torch.tensor([1 / root2, 1 / root2, 0.0, 0.0, 0.0]))
+    # The slope is the estimator's own: r_i - e in place of r_i, the group's mean and std held.
+    e = 0.5
+    shifted = (rewards[0] - e - 2.0) / root2
+    assert torch.isclose(compute_advantages("grpo", rewards, groups, eps=0.0)[0] - grpo[0] * e, shifted)
+    for name in ("dr_grpo", "rloo"):  # rloo's baseline leaves the row out: one unit of reward, one of advantage
+        assert advantage_slopes(name, rewards, groups).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert advantage_slopes("grpo", rewards, groups, normalize_by_std=False).tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    # REINFORCE++: centred rewards -1, 1, 0, 0, 0 have batch std sqrt(0.5).
+    pp = advantage_slopes("reinforce_pp_baseline", rewards, groups, eps=0.0)
+    assert torch.allclose(pp, torch.tensor([0.5**-0.5, 0.5**-0.5, 0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
+        advantage_slopes("ppo", rewards, groups)
