@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
 
+from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
 from grpo_ray.rewards.environment import FIELD as ENVIRONMENT_FIELD
-from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice
+from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice, SamplingSettings
 
 
 class Turns(Protocol):
@@ -294,3 +295,28 @@ def _reward_before(rows: list[tuple[int, Prompt, Episode]], width: int, turn_cre
         earned = episode.tokens.earned_array()
         before[i, : len(earned)] = turn_credit * earned
     return before
+
+
+def episode_inputs(
+    prompts: list[Prompt], group_offset: int, sampling: SamplingSettings
+) -> tuple[list[dict], list[int], SamplingSettings]:
+    """Each episode's data row and seed (from its group's id and its place in the group, so a share
+    issued again runs the same episodes), and the sampling of one turn."""
+    g = sampling.samples_per_prompt
+    rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
+    seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
+    return rows, seeds, replace(sampling, samples_per_prompt=1)
+
+
+def pack_groups(
+    groups: list[tuple[int, list[Episode]]],
+    prompts: list[Prompt],
+    group_offset: int,
+    pad_id: int,
+    policy_version: int,
+    turn_credit: float,
+) -> RolloutSlice:
+    """(k, prompt k's episodes) as one slice of whole groups, group ids offset by `group_offset`."""
+    entries = [(group_offset + k, prompts[k], episode) for k, episodes in groups for episode in episodes]
+    diversity = {group_offset + k: group_distinct_ratio([e.answer for e in episodes]) for k, episodes in groups}
+    return pack_episodes(entries, pad_id, policy_version, diversity, turn_credit)

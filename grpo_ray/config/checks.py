@@ -5,7 +5,7 @@ neither module imports the other."""
 from __future__ import annotations
 
 from grpo_ray.config.plans import check_plans
-from grpo_ray.config.schema import Config
+from grpo_ray.config.schema import Config, ConfigError
 from grpo_ray.config.training_plan import check_training
 
 
@@ -13,3 +13,7 @@ def check_config(cfg: Config) -> None:
     """Raises ConfigError (one line naming the field) for the first combination that cannot run."""
     check_plans(cfg)
     check_training(cfg)
+    if cfg.environment.reward_per_turn and cfg.environment.spec is None:
+        raise ConfigError(
+            "environment.reward_per_turn: per-turn credit is for episodes; set environment.spec, or leave it false"
+        )

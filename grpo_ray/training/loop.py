@@ -34,7 +34,6 @@ from pathlib import Path
 
 import ray
 
-from grpo_ray.algo import advantage_slopes
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.placement import ClusterError, error_line
@@ -69,7 +68,7 @@ from grpo_ray.training.opening import (
 from grpo_ray.training.resume import already_finished, checkpoint, restore, resume_hint
 from grpo_ray.training.rows import sample_rows
 from grpo_ray.training.run import PhaseTimer, Progress, Run, TrainResult
-from grpo_ray.training.update import group_advantages, kl_reward_penalty, learner_payloads, run_update
+from grpo_ray.training.update import group_advantages, kl_reward_penalty, learner_payloads, run_update, turn_slopes
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
@@ -263,10 +262,9 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             ref_refs = workers.reference_logprobs(payloads, stage.temperature)
     with timer("advantages"):
         advantages = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
-        # environment.reward_per_turn: a turn's advantage leaves out what the steps before it earned
-        per_turn = cfg.environment.reward_per_turn
-        slopes = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std, advantage_slopes)
-        slopes = slopes if per_turn else None
+        slopes = turn_slopes(
+            train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std, cfg.environment.reward_per_turn
+        )
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,
         # and generate while this one trains.

@@ -3,7 +3,7 @@
     payloads, sizes = learner_payloads(batch, num_ranks, pad_id)   # per rank: RolloutSlice refs, row counts
     train, kl = kl_reward_penalty(workers, payloads, train, ...)   # only with algorithm.kl_placement: reward
     advantages = group_advantages(train, estimator, normalize_by_std)
-    slopes = group_advantages(train, estimator, normalize_by_std, of=advantage_slopes)  # per-turn credit only
+    slopes = turn_slopes(train, estimator, normalize_by_std, per_turn)  # None unless environment.reward_per_turn
     stats = run_update(workers, payloads, sizes, train, advantages, ref_refs, step, ..., slopes=slopes)
 
 Rank r trains on the r-th contiguous cut of the rows. When that cut is whole rollout slices, in
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from grpo_ray.algo import compute_advantages
+from grpo_ray.algo import advantage_slopes, compute_advantages
 from grpo_ray.cluster.dispatch import CallFailed, fetch, gather_fail_fast
 from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
@@ -71,6 +71,14 @@ def group_advantages(rows: StepRows, estimator: str, normalize_by_std: bool, of=
             normalize_by_std=normalize_by_std,
         ).numpy()
     return advantages
+
+
+def turn_slopes(rows: StepRows, estimator: str, normalize_by_std: bool, per_turn: bool) -> np.ndarray | None:
+    """With per-turn credit (per_turn: environment.reward_per_turn), each row's advantage per unit of
+    its own reward (algo.advantage_slopes), which the learner turns into per-token advantages; else None."""
+    if not per_turn:
+        return None
+    return group_advantages(rows, estimator, normalize_by_std, of=advantage_slopes)
 
 
 def run_update(

@@ -245,3 +245,11 @@ def test_state_offload_between_updates_is_accepted_for_a_zero_1_or_2_gpu_learner
         cfg = config_from_dict({**OFFLOADING, "learner": {**OFFLOADING["learner"], "zero_stage": stage}})
         assert cfg.learner.offload_states_between_updates
     assert not config_from_dict({}).learner.offload_states_between_updates
+
+
+def test_per_turn_credit_without_an_environment_is_one_line():
+    with pytest.raises(ConfigError, match=r"^environment\.reward_per_turn: per-turn credit is for episodes"):
+        config_from_dict({"model": {"path": "tiny"}, "environment": {"reward_per_turn": True}})
+    assert config_from_dict(
+        {"model": {"path": "tiny"}, "environment": {"spec": "x.py:X", "reward_per_turn": True}}
+    ).environment.reward_per_turn
