@@ -120,6 +120,9 @@ def main() -> None:
         "backend": args.backend,
         "episodes": args.episodes,
         "turns": sum(e.tokens.turns for e in episodes),
+        # Each turn's context is computed before it generates: in full on hf (no KV cache kept
+        # between turns), less what vLLM's prefix cache held.
+        "context_tokens": sum(e.context_tokens for e in episodes),
         "prefix_cached_tokens": sum(e.cached_tokens for e in episodes),
         "environment_processes": args.processes,
         "step_seconds_median": sorted(walls)[len(walls) // 2],

@@ -77,6 +77,7 @@ class Episode:
     ended: float = 0.0  # when its last reply came (time.monotonic)
     state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate" | "generating"; "done"
     cached_tokens: int = 0  # of its turns' contexts, the tokens the engine found in its prefix cache
+    context_tokens: int = 0  # its turns' contexts together (what a turn without any cache computes first)
     turn_seed: int = 0
     key: int = 0  # its instance's key in the environment pool (unique across calls)
 
@@ -133,6 +134,7 @@ class EpisodeRunner:
             if episode.state == "generate":
                 seed = (episode.turn_seed * 1_000_003 + episode.tokens.turns) % SEED_RANGE
                 turns.start(index, episode.tokens.context, seed)
+                episode.context_tokens += len(episode.tokens.context)
                 episode.state = "generating"
         generating = any(e.state == "generating" for e in episodes)
         stepping = any(e.state in ("reset", "step", "finish") for e in episodes)

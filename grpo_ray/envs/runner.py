@@ -95,12 +95,6 @@ class EnvironmentPool:
                 )
         return replies
 
-    def forget(self, episode: int) -> None:
-        """Drop an episode the caller gave up on (its instance is freed at the next finish)."""
-        child = self._children[episode % len(self._children)]
-        if episode in child.hosted and episode not in child.pending:
-            self.send("finish", episode)
-
     @property
     def pids(self) -> list[int]:
         return [c.process.pid for c in self._children]

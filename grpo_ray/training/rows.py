@@ -36,19 +36,34 @@ class KeptResponse:
     reward: float  # the (shaped) total reward it earned
     per_function: dict[str, float]
     policy_version: int = 0  # weights it was sampled with: a rescued row is that stale
+    # An episode's whole tail after the prompt: 1 on the model's tokens, 0 on the environment's
+    # replies between them (None: every token is the model's, a single answer).
+    mask: list[float] | None = None
+    earned: list[float] | None = None  # per-turn credit's reward before each token (RolloutSlice.reward_before)
+
+    @property
+    def generated_tokens(self) -> int:
+        """The model's own tokens in it (its completion length)."""
+        return len(self.token_ids) if self.mask is None else int(sum(self.mask))
 
 
 def read_response(batch: RolloutSlice, row: int, reward: float, per_function: dict[str, float]) -> KeptResponse:
-    """Row `row`'s completion as a KeptResponse (token ids and log-probs cut out of the arrays)."""
-    generated = batch.completion_mask[row] > 0
+    """Row `row`'s completion as a KeptResponse: everything after its prompt (token ids, log-probs and,
+    for an episode, the mask that tells the model's tokens from the environment's), cut out of the arrays."""
+    mask = batch.completion_mask[row]
+    model = np.flatnonzero(mask > 0)
+    tail = slice(int(model[0]), int(batch.attention_mask[row].sum())) if len(model) else slice(0, 0)
+    episode = bool((mask[tail] == 0).any())
     return KeptResponse(
-        token_ids=[int(t) for t in batch.input_ids[row][generated]],
-        logprobs=[float(x) for x in batch.rollout_logprobs[row][generated]],
+        token_ids=[int(t) for t in batch.input_ids[row][tail]],
+        logprobs=[float(x) for x in batch.rollout_logprobs[row][tail]],
         text=batch.completions[row],
         finish_reason=batch.finish_reasons[row],
         reward=float(reward),
         per_function={name: float(value) for name, value in per_function.items()},
         policy_version=int(batch.policy_versions[row]),
+        mask=[float(m) for m in mask[tail]] if episode else None,
+        earned=None if batch.reward_before is None else [float(x) for x in batch.reward_before[row][tail]],
     )
 
 
@@ -101,7 +116,8 @@ def assemble_slice(plan: SliceAssembly, slices: list[RolloutSlice], pad_id: int)
 
 def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_id: int) -> RolloutSlice:
     """`batch` with row `row`'s completion replaced by `response` (its prompt kept)."""
-    prompt_length = int((batch.attention_mask[row] * (1 - batch.completion_mask[row])).sum())
+    model = np.flatnonzero(batch.completion_mask[row] > 0)  # the prompt ends where the model's first token is
+    prompt_length = int(model[0]) if len(model) else int(batch.attention_mask[row].sum())
     length = prompt_length + len(response.token_ids)
     width = max(batch.input_ids.shape[1], length)
     grow = width - batch.input_ids.shape[1]
@@ -114,13 +130,15 @@ def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_
     attention[row] = 0
     attention[row, :length] = 1
     completion_mask[row] = 0.0
-    completion_mask[row, prompt_length:length] = 1.0
+    completion_mask[row, prompt_length:length] = 1.0 if response.mask is None else response.mask
     logprobs[row] = 0.0
     logprobs[row, prompt_length:length] = response.logprobs
     before = None
-    if batch.reward_before is not None:  # a kept single answer earned nothing before its one turn
-        before = np.pad(batch.reward_before, ((0, 0), (0, grow)))
+    if batch.reward_before is not None or response.earned is not None:
+        before = np.pad(batch.token_rewards_before(), ((0, 0), (0, grow)))
         before[row] = 0.0
+        if response.earned is not None:
+            before[row, prompt_length:length] = response.earned
     swap = lambda values, new: [new if i == row else v for i, v in enumerate(values)]  # noqa: E731
     versions = batch.policy_versions.copy()
     versions[row] = response.policy_version
@@ -254,7 +272,7 @@ class StepRows:
                 name: put(values, response.per_function.get(name, np.nan)) for name, values in self.per_function.items()
             },
             row_weights=put(self.row_weights, 1.0),
-            completion_lengths=put(self.completion_lengths, len(response.token_ids)),
+            completion_lengths=put(self.completion_lengths, response.generated_tokens),
             truncated=put(self.truncated, response.finish_reason == "length"),
             replacements={**self.replacements, int(row): response},
         )

@@ -158,3 +158,33 @@ def test_kl_in_the_reward_with_reference_refresh_and_dynamic_sampling(tmp_path, 
     table = json.loads(Path(client.download_artifacts(result.run_id, tables[0], str(tmp_path / "dl"))).read_text())
     assert table["columns"][:3] == ["step", "prompt", "completion"] and len(table["data"]) == 3
     assert len(client.get_run(result.run_id).data.tags["grpo_ray.config_hash"]) == 16
+
+
+HIGHER_LOWER = str(Path(__file__).resolve().parents[2] / "examples" / "agents" / "higher_lower.py") + ":HigherLower"
+
+
+# An agent's groups of G episodes through the batch filters: POLARIS's substitution, rescue and
+# ledger (a rescued episode keeps its replies as context: tests/unit/training/test_rows.py), and
+# dynamic sampling on a streamed rollout, which stops once it has the informative groups it needs.
+@pytest.mark.parametrize("filters", ["polaris", "dynamic-streamed"])
+def test_an_agents_groups_of_episodes_go_through_the_batch_filters(tmp_path, polaris_jsonl, filters):
+    sections = {
+        "environment": {"spec": HIGHER_LOWER, "max_turns": 3, "max_episode_tokens": 48},
+        "train": {"prompts_per_step": PROMPTS_PER_STEP, "steps": 3, "max_skipped_batches": 30, "eval_every": 0},
+    }
+    if filters == "polaris":
+        sections["polaris"] = {"substitution": True, "rescue": True}
+    else:
+        sections["algorithm"] = {"dynamic_sampling": True, "dynamic_sampling_max_tries": 3}
+        sections["rollout"] = {"samples_per_prompt": G, "max_new_tokens": 5, "num_cpus": 0.5, "groups_per_chunk": 4}
+    result = train(recipe(tmp_path, polaris_jsonl, **sections))
+    assert result.steps == 3
+    client = MlflowClient(result.tracking_uri)
+    assert max(history(client, result.run_id, "episode/turns").values()) > 1
+    if filters == "polaris":
+        informative = history(client, result.run_id, "polaris/informative_groups")
+        substituted = history(client, result.run_id, "polaris/substituted_groups")
+        assert all(informative[s] + substituted[s] == PROMPTS_PER_STEP for s in (1, 2, 3))
+    else:
+        kept = history(client, result.run_id, "batch/kept_groups")
+        assert sorted(kept) == [1, 2, 3] and all(0 < v <= PROMPTS_PER_STEP for v in kept.values())

@@ -351,3 +351,33 @@ def test_step_rows_to_assembled_slices_end_to_end():
     np.testing.assert_array_equal(built[1].completion_mask, [[0, 1, 0, 0, 0], [0, 0, 1, 1, 1]])
     # The StepRows length of the rescued row agrees with the assembled completion mask.
     np.testing.assert_array_equal(np.concatenate([s.completion_lengths for s in built]), rows.completion_lengths)
+
+
+def _episode_slice():
+    """Two episodes of the prompt [7]: [7 | 21 22 | 50 51 | 23] (a reply between two turns; the step
+    after turn 1 earned 0.5, credited x2) and [7 | 25] (one turn)."""
+    from grpo_ray.actors.episodes import Episode, pack_episodes
+    from grpo_ray.envs.episode import EpisodeTokens
+
+    long, short = EpisodeTokens(prompt=[7]), EpisodeTokens(prompt=[7])
+    long.add_turn([21, 22], [-1.0, -2.0])
+    long.add_reply([50, 51])
+    long.add_turn([23], [-3.0], earned_before=0.5)
+    short.add_turn([25], [-0.5])
+    rows = [(1, PB, Episode(long, answer="long")), (1, PB, Episode(short, answer="short"))]
+    return pack_episodes(rows, PAD, policy_version=2, diversity={1: 0.25}, turn_credit=2.0)
+
+
+def test_an_episode_kept_for_rescue_keeps_its_replies_as_context():
+    b = _episode_slice()
+    response = read_response(b, 0, reward=1.0, per_function={})
+    assert response.token_ids == [21, 22, 50, 51, 23] and response.mask == [1, 1, 0, 0, 1]
+    assert response.earned == [0, 0, 0, 0, 1.0] and response.generated_tokens == 3
+    assert read_response(b, 1, 0.0, {}).mask is None  # one turn: every token the model's
+    # Row 1 takes row 0's episode: it becomes row 0, replies masked out, credit kept.
+    out = assemble_slice(_plan([0, 0], [0, 1], [1, 1], {1: response}), [b], PAD)
+    for name in ("input_ids", "attention_mask", "completion_mask", "rollout_logprobs", "reward_before"):
+        np.testing.assert_array_equal(getattr(out, name)[1], getattr(b, name)[0], err_msg=name)
+    scored = _scored([1, 1], [20, 20], [0.0, 0.0], [3, 1], [False, False], [0.25, 0.25])
+    rows = StepRows.from_scored([scored], [scored.rewards], [np.ones(2)])
+    assert rows.with_replacement(1, response).completion_lengths.tolist() == [3, 3]
