@@ -10,7 +10,7 @@ generated, while the environment's processes work on the others' steps; an episo
 environment or turn is slow holds only itself. The engine's `Turns` decide how started turns
 are batched: the hf engine generates those started since it was last asked as one batch
 (hf_engine.TurnBatches), vLLM runs each as a request of its own and hands it back when it is done
-(vllm_engine.VllmTurns). Each turn is drawn from the episode's own seed (seed, turn), so an
+(vllm_turns.VllmTurns). Each turn is drawn from the episode's own seed (seed, turn), so an
 episode run again from its seed is the same episode, whatever it is batched with (recovery
 re-issues a dead worker's episodes that way). The row an episode becomes is envs/episode.py's; its reward from the
 environment (steps plus reward()) goes in the row field `environment_reward` (NaN: it failed).
@@ -33,7 +33,7 @@ from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlic
 
 
 class Turns(Protocol):
-    """An engine's turns of episodes (hf_engine.TurnBatches, vllm_engine.VllmTurns)."""
+    """An engine's turns of episodes (hf_engine.TurnBatches, vllm_turns.VllmTurns)."""
 
     def start(self, key: int, context: list[int], seed: int) -> None:
         """Begin generating one turn: a completion of `context` drawn with `seed`."""
@@ -69,7 +69,6 @@ class Episode:
     tokens: EpisodeTokens
     answer: str = ""  # the text of the model's last turn (what the reward functions score)
     reward: float = 0.0  # the environment's: its steps' rewards plus reward() at the end
-    earned: float = 0.0  # its steps' rewards so far (what a next turn did not earn)
     finish_reason: str = "stop"  # "stop": the environment said done; "length": a limit ended it
     error: str | None = None  # one line when the environment failed (the episode's reward is then NaN)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
@@ -161,7 +160,8 @@ class EpisodeRunner:
             return  # the episode ended meanwhile (its time ran out)
         room = self.settings.max_episode_tokens - episode.tokens.length
         ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
-        episode.tokens.add_turn(ids, logprobs, earned_before=episode.earned)
+        # Until its end, an episode's reward is its steps' so far: what this turn did not earn.
+        episode.tokens.add_turn(ids, logprobs, earned_before=episode.reward)
         episode.cached_tokens += turn.cached_tokens
         episode.answer = (
             turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -201,7 +201,6 @@ class EpisodeRunner:
 
     def _after_step(self, episode: Episode, step) -> None:
         episode.reward += step.reward
-        episode.earned += step.reward
         for name, count in step.counts.items():
             episode.counts[name] = episode.counts.get(name, 0) + count
         if step.done:

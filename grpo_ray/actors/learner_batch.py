@@ -37,8 +37,8 @@ def concat_rows(
     if slopes is not None:
         before = torch.from_numpy(pad_and_stack([s.token_rewards_before() for s in slices], 0.0))
         slope = torch.from_numpy(np.concatenate(slopes).astype(np.float32))
-        batch["advantages"] = batch["advantages"][:, None] - slope[:, None] * before
-        batch["turn_credit"] = slope[:, None] * before  # what each token's advantage left out (a metric)
+        batch["turn_credit"] = slope[:, None] * before  # what each token's advantage leaves out (a metric)
+        batch["advantages"] = batch["advantages"][:, None] - batch["turn_credit"]
     return batch
 
 

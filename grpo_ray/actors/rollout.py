@@ -184,14 +184,8 @@ class RolloutWorker:
         rows, seeds, turn = self._episode_inputs(prompts, group_offset, sampling, expected_version)
         version = self.policy_version
         stream = self.episodes.stream(rows, seeds, self.engine.turns(turn), sampling.samples_per_prompt, stop)
-        done: list[tuple[int, list]] = []
-        for k, group in self._engine_stream(stream):
-            done.append((k, group))
-            if len(done) == groups_per_chunk:
-                yield self._episode_slice(done, prompts, group_offset, version)
-                done = []
-        if done and not (stop is not None and stop()):
-            yield self._episode_slice(done, prompts, group_offset, version)
+        for groups in self._in_chunks(stream, groups_per_chunk, stop):
+            yield self._episode_slice(groups, prompts, group_offset, version)
 
     def _episode_inputs(
         self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, expected_version: int | None
@@ -226,15 +220,23 @@ class RolloutWorker:
         if expected_version is not None and expected_version != self.policy_version:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         pad, version = self.tokenizer.pad_token_id, self.policy_version
-        done: list[tuple[int, list]] = []
         stream = self._engine_call(self.engine.generate_stream, [p.token_ids for p in prompts], sampling, stop)
-        for k, completions in self._engine_stream(stream):
-            done.append((k, completions))
+        for groups in self._in_chunks(stream, groups_per_chunk, stop):
+            yield self._chunk(groups, prompts, group_offset, pad, version)
+
+    def _in_chunks(
+        self, stream: Iterator[tuple[int, list]], groups_per_chunk: int, stop: Callable[[], bool] | None
+    ) -> Iterator[list[tuple[int, list]]]:
+        """An engine's stream of (k, group k) cut into lists of `groups_per_chunk` groups, the last
+        one shorter; nothing more once `stop` says the call was cancelled."""
+        done: list[tuple[int, list]] = []
+        for k, group in self._engine_stream(stream):
+            done.append((k, group))
             if len(done) == groups_per_chunk:
-                yield self._chunk(done, prompts, group_offset, pad, version)
+                yield done
                 done = []
         if done and not (stop is not None and stop()):
-            yield self._chunk(done, prompts, group_offset, pad, version)
+            yield done
 
     def _chunk(
         self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, pad: int, version: int

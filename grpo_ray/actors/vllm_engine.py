@@ -149,20 +149,8 @@ class VllmEngine:
 
         `stop` is asked between groups (and every 50 ms while none finishes): True aborts the
         requests still running and ends the stream. The seeds do not depend on the finishing order."""
-        greedy = sampling.temperature == 0
-        params = [
-            sampling_params(
-                n=sampling.samples_per_prompt,
-                temperature=sampling.temperature,
-                top_p=1.0 if greedy else sampling.top_p,
-                top_k=-1 if greedy else sampling.top_k,
-                max_tokens=sampling.max_new_tokens,
-                logprobs=0,  # the sampled token's own log-prob only
-                seed=sampling.seed + k * sampling.samples_per_prompt,
-                detokenize=False,  # the texts: one batch_decode per finished group (_group)
-            )
-            for k in range(len(prompts))
-        ]
+        g = sampling.samples_per_prompt
+        params = [self.request_params(sampling, g, sampling.seed + k * g) for k in range(len(prompts))]
         finished: queue.Queue = queue.Queue()
         self._drop_stale_prefixes()
         running = self._run(self._each([list(ids) for ids in prompts], params, finished))
@@ -193,6 +181,22 @@ class VllmEngine:
         # Stopped early, it ends cancelled: say it was seen, or asyncio logs it as never retrieved.
         everything.add_done_callback(lambda f: f.cancelled() or f.exception())
         return everything
+
+    @staticmethod
+    def request_params(sampling: SamplingSettings, n: int, seed: int):
+        """SamplingParams of one request: n samples of the recipe's sampling from `seed`, with the
+        sampled tokens' own log-probs and no text (decoded once a request is done)."""
+        greedy = sampling.temperature == 0
+        return sampling_params(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=-1 if greedy else sampling.top_k,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,  # the sampled token's own log-prob only
+            seed=seed,
+            detokenize=False,  # the texts: one batch_decode per finished group (_group) or turn
+        )
 
     async def _request(self, key: int, ids: list[int], params, finished: queue.Queue) -> None:
         """One request; its final output goes to `finished` as (key, output), an error as (key, error)."""

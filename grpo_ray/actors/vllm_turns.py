@@ -7,7 +7,6 @@ import concurrent.futures
 import queue
 from dataclasses import replace
 
-from grpo_ray.actors.vllm_compat import sampling_params
 from grpo_ray.types import Completion, SamplingSettings
 
 
@@ -34,17 +33,7 @@ class VllmTurns:
         engine._episodes_open += 1
 
     def start(self, key: int, context: list[int], seed: int) -> None:
-        sampling, greedy = self.sampling, self.sampling.temperature == 0
-        params = sampling_params(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            top_k=-1 if greedy else sampling.top_k,
-            max_tokens=sampling.max_new_tokens,
-            logprobs=0,
-            seed=seed,
-            detokenize=False,
-        )
+        params = self.engine.request_params(self.sampling, 1, seed)
         self.engine._drop_stale_prefixes()
         self.running[key] = asyncio.run_coroutine_threadsafe(
             self.engine._request(key, list(context), params, self.done), self.engine._loop
