@@ -219,6 +219,20 @@ def trl_run(work: Path, model_dir: Path, args) -> dict:
     return {**json.loads((work / "trl.json").read_text()), "wall_seconds": time.perf_counter() - started}
 
 
+def save_logs(work: Path, name: str, logs: Path) -> None:
+    """The run's console log and its output folder's logs/ (vLLM's own lines) as logs/NAME-logs.tgz, written
+    as soon as the run ends: a lent machine's call limit may end the benchmark before its last run."""
+    import tarfile
+
+    paths = [p for p in (work / f"{name}.log", work / f"{name}.stacks.txt", work / name / "logs") if p.exists()]
+    if not paths:
+        return
+    logs.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(logs / f"{name}-logs.tgz", "w:gz") as tar:
+        for path in paths:
+            tar.add(path, arcname=path.relative_to(work))
+
+
 def table(results: dict) -> str:
     rows = [
         "| run | s/step | samples/s | rollout | reward | update | sync | vs TRL |",
@@ -269,6 +283,9 @@ def main() -> None:
     parser.add_argument("--stall-seconds", type=float, default=120.0)
     parser.add_argument("--work", default=None, help="folder for the runs (default: a new temporary one)")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--logs", default=None, help="folder that gets each run's logs (a .tgz a run) the moment the run ends"
+    )
     args = parser.parse_args()
     import torch
 
@@ -303,11 +320,15 @@ def main() -> None:
     if args.trl_python:  # first: the pipelined run may stall and be stopped
         results["trl"] = trl_run(work, model_dir, args)
         print(json.dumps({"trl": results["trl"]}, default=str)[:2000], flush=True)
+        if args.logs:
+            save_logs(work, "trl", Path(args.logs))
     for mode in args.modes.split(","):
         results["runs"][f"grpo-ray {mode}"] = grpo_run(f"grpo-{mode}", work, model_dir, args, mode)
         print(json.dumps({mode: results["runs"][f"grpo-ray {mode}"]}, default=str)[:2000], flush=True)
         if args.json:  # what is done so far survives a time limit
             Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
+        if args.logs:
+            save_logs(work, f"grpo-{mode}", Path(args.logs))
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")

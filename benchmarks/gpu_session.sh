@@ -4,7 +4,7 @@
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
 #   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | learner | handoff;
-#   default: sleep e2e, sized for one lease)
+#   default: sleep, sized for one lease; e2e the next)
 # sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
 #   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
 #   tolerance (issue 43's GPU point), then the learner's state offload;
@@ -17,6 +17,7 @@
 #   each with its 15 costliest GPU operators of one more step and its trainable dtypes (LoRA's slowdown);
 # handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off
 #   (HANDOFF_MODES=pipelined for one; on an H200 the on-policy run took 150 s, start included).
+# e2e's modes are E2E_MODES (default on-policy,pipelined; e.g. add on-policy+sleep1+mem0.8 for sleep mode's run).
 # Each part's time limit is T_<part> seconds where set (a lease is short: the parts after a slow one still run);
 # each log is written whole as it goes (a call's limit keeps what was written), and at most 8 files come back a call.
 # Expects: PYTHONPATH=/tmp/site:$PWD, PATH=/tmp/site/bin:$PATH, a Qwen2 tokenizer in $QWEN2_TOKENIZER.
@@ -26,13 +27,17 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-cache} PYTHONUNBUFFERED=1
-# The default, for one 15-minute lease (12 minutes of work after the overlay's carry, measured
-# 2026-11-26: five 48 MiB parts 40 s, unpacking 16 s): first what decides the most with the least
-# time, sleep mode's test and the probe's stale-engine drill (~200 s), then the e2e beside TRL
-# (TRL, on-policy, pipelined; a probe at every sync at the default tolerance: ~420 s at 6 steps);
-# the learner's profile (learner) and the engine options (turns) take the next lease.
-PARTS=${*:-sleep e2e}
-[ -z "${*:-}" ] && T_sleep=${T_sleep:-200} T_e2e=${T_e2e:-420} E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
+# The default: what one 15-minute lease holds, in the order that decides the most. Measured on an H100
+# lease on 2026-11-26 (evening): the machine's start and four 48 MiB parts 52 s, the fifth part and
+# unpacking 21 s; the sleep test's level 1 ~160 s (Ray, the learner and the engine started for it),
+# so 'sleep' (levels 1 and 2, the probe's drill, the state offload) needs ~540 s, the whole of a
+# lease's work call; 'e2e' beside TRL at 6 steps: model 5 s, TRL 129 s, on-policy 206 s (175 s of it
+# the run's start), pipelined ~210 s: ~550 s, the next lease's. That day's default (sleep e2e at
+# 200 + 420 s) cut the sleep part in level 2 and the e2e in its pipelined run.
+# So: lease 1 `bash benchmarks/gpu_session.sh` (sleep), lease 2 `... e2e`, then `turns` and `learner`.
+PARTS=${*:-sleep}
+[ -z "${*:-}" ] && T_sleep=${T_sleep:-540}
+E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
 for wheel in .gpu-overlay/liger_kernel-*.whl; do
   [ -f "$wheel" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" 2>&1 | tail -1
 done
@@ -50,9 +55,12 @@ for part in $PARTS; do
         tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
+      rm -rf runs/default/logs
       timeout ${limit:-300} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py tests/gpu/test_weight_probe_cuda.py \
         tests/gpu/test_state_offload_cuda.py 2>&1 | tee "$OUT/sleep.log" \
-        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^moments|^start gap|^small updates|^GPU bf16" | tail -40 ;;
+        | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^after the sync|^moments|^start gap|^small updates|^GPU bf16" | tail -40
+      # The engines' own lines (start-up phases, sleep and wake) go to the tests' runs/default/logs.
+      tar -czf "$OUT/sleep-vllm-logs.tgz" runs/default/logs 2>/dev/null ;;
     tiny)
       # The recipe the probe cried wolf on (fp32, probe at every sync, default tolerance), then pipelined.
       timeout ${limit:-330} python3 benchmarks/gpu_e2e.py --shape tiny --modes on-policy,pipelined --steps 30 --warmup 5 \
@@ -61,9 +69,8 @@ for part in $PARTS; do
       tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
     e2e)
       timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 \
-        --steps ${E2E_STEPS:-10} --warmup ${E2E_WARMUP:-3} \
-        --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" 2>&1 | tee "$OUT/e2e.log" | tail -40
-      tar -C /tmp/e2e -czf "$OUT/e2e-logs.tgz" --exclude=mlruns --exclude=model --exclude=trl-out . 2>/dev/null ;;
+        --steps ${E2E_STEPS:-10} --warmup ${E2E_WARMUP:-3} --modes ${E2E_MODES:-on-policy,pipelined} \
+        --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" --logs "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
     sync)
       timeout ${limit:-420} python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
         --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tee "$OUT/sync.log" | tail -5 ;;

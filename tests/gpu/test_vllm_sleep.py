@@ -15,6 +15,7 @@ from grpo_ray.cluster.placement import reserve, wait_ready
 from grpo_ray.cluster.roles import setup_learners, start_learners, start_rollouts
 from grpo_ray.cluster.weight_broadcast import WeightBroadcaster
 from grpo_ray.config import RoleResources, plan_batches
+from grpo_ray.transport.probe import mean_gap
 
 from ..integration.conftest import HAS_VLLM
 from ..integration.test_learner_and_sync import make_cfg, shard_for, step_batch  # noqa: F401 (step_batch: a fixture)
@@ -97,6 +98,7 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
         args = (batch.input_ids, batch.attention_mask, 1.0)
         mask = batch.completion_mask
         awake = ray.get(rollouts[0].score.remote(*args))
+        learner_start = ray.get(learners[0].score.remote(*args))
         if level == 1:
             awake_rows = _row_by_row(rollouts[0], batch)
             drift = (np.abs(ray.get(rollouts[0].score.remote(*args)) - awake) * mask).max()
@@ -133,8 +135,21 @@ def test_a_sleeping_engine_frees_its_memory_and_holds_the_learners_weights_after
         # "not loaded" would have raised.
         assert result.probe.undecided == 0, result.probe.notice
         assert _free() <= before + 0.1 * claimed, "the sync woke the engine's memory"
-        gap = np.abs(ray.get(rollouts[0].score.remote(*args)) - ray.get(learners[0].score.remote(*args))) * mask
-        assert gap.max() < 5e-3, f"engine and learner log-probs differ by {gap.max():.2e} after sleep and sync"
+        # The engine made the update's whole move: its log-probs are far closer to the learner's new ones
+        # than the update moved them (means over the completion tokens; the digests proved the bytes).
+        # No absolute bound: the kernels' gap grows as an update this large (lr 1e-3) sharpens the logits
+        # (an H100 in fp32 on 2026-11-26: mean 7.5e-4 at the start, a max of 1.8e-2 after the sync while
+        # the update moved the probe 0.63 on average, so a max bound of 5e-3 failed a loaded engine).
+        engine_now, learner_now = ray.get(rollouts[0].score.remote(*args)), ray.get(learners[0].score.remote(*args))
+        to_new, update = mean_gap(engine_now, learner_now, mask), mean_gap(learner_now, learner_start, mask)
+        to_old = mean_gap(engine_now, learner_start, mask)
+        print(
+            f"after the sync: engine to the new weights {to_new:.2e}, to the starting ones {to_old:.2e} (mean); "
+            f"the update moved the learner's {update:.2e}; max gap to the new "
+            f"{float((np.abs(engine_now - learner_now) * mask).max()):.2e}",
+            flush=True,
+        )
+        assert to_new < 0.05 * update, f"the engine is {to_new:.2e} from the new weights, the update moved {update:.2e}"
     finally:
         for actor in learners + rollouts:
             ray.kill(actor)
