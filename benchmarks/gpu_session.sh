@@ -51,12 +51,12 @@ for part in $PARTS; do
     tests)
       # vLLM's sleep tests last: they start engines, the slowest part of a short lease.
       timeout ${limit:-240} python3 -m pytest -v -p no:cacheprovider tests/gpu/test_handoff_cuda.py tests/gpu/test_cuda_paths.py \
-        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/gpu/test_state_offload_cuda.py \
+        tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/gpu/test_state_offload_cuda.py tests/gpu/test_learner_world_cuda.py \
         tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
     sleep)
       rm -rf runs/default/logs
-      timeout ${limit:-300} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_vllm_sleep.py tests/gpu/test_weight_probe_cuda.py \
+      timeout ${limit:-300} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_learner_world_cuda.py tests/gpu/test_vllm_sleep.py tests/gpu/test_weight_probe_cuda.py \
         tests/gpu/test_state_offload_cuda.py 2>&1 | tee "$OUT/sleep.log" \
         | grep -E "PASSED|FAILED|ERROR|Error|assert|passed|failed|^level|^woken|^sync:|^after the sync|^moments|^start gap|^small updates|^GPU bf16" | tail -40
       # The engines' own lines (start-up phases, sleep and wake) go to the tests' runs/default/logs.

@@ -132,7 +132,14 @@ def join_learner_world(rank: int, world_size: int, master_addr: str, master_port
     # only (transport/bind.py); DeepSpeed then takes the initialised group as it is.
     pin_default_gloo_interface(master_addr)
     store = tcp_store(master_addr, master_port, world_size, rank == 0, datetime.timedelta(minutes=30))
-    torch.distributed.init_process_group("nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size)
+    # On a GPU the world is bound to this process's device: NCCL otherwise guesses it from the rank
+    # at the first barrier (a checkpoint's), warns "Guessing device ID based on global rank" on the
+    # console, and a guess is wrong wherever ranks and GPUs do not line up. Ray gives each learner
+    # its own GPU as the process's current one.
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else None
+    torch.distributed.init_process_group(
+        "nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size, device_id=device
+    )
     deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
 
 

@@ -58,6 +58,7 @@ from grpo_ray.actors.vllm_compat import (
 )
 from grpo_ray.actors.vllm_cpu import shard_threads
 from grpo_ray.actors.vllm_transfer import BACKEND
+from grpo_ray.quiet import verbose
 from grpo_ray.models.adapter_files import write_adapter_folder
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
@@ -91,6 +92,9 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel_size,
             disable_log_stats=True,
+            # Its "Loading safetensors checkpoint shards" bars on every engine start: console noise
+            # (issue 46 point 7) unless --verbose asks for the libraries' notices.
+            use_tqdm_on_load=verbose(),
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)

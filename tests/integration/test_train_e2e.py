@@ -168,11 +168,14 @@ def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_p
     assert sorted(undecided) == list(range(1, 11)) and sorted(moved) == sorted(gap) == list(range(1, 11))
     # The figures behind each verdict: an undecided sync is one whose updates moved the probe less than 4 gaps.
     assert all((undecided[s] == 1) == (moved[s] <= SEPARATION * gap[s]) for s in undecided)
-    console = capsys.readouterr().out
+    captured = capsys.readouterr()
+    console = captured.out
     notices = [line for line in console.splitlines() if "the weight probe cannot tell yet" in line]
     assert len(notices) == (1 if any(undecided.values()) else 0), notices
     # vLLM's own lines of every sync go to the run's log file, not the console (issue 46 point 7).
     assert "Successfully reset prefix cache" not in console and "layerwise" not in console
+    # Nor the load's progress bars of every engine start (the actors' stderr reaches the console too).
+    assert "checkpoint shards" not in console + captured.err
     assert "Successfully reset prefix cache" in (tmp_path / "logs" / "vllm-rollout-0.log").read_text()
 
 
