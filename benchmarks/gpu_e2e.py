@@ -52,12 +52,15 @@ MODE_OPTIONS = {  # a mode is "on-policy" or "pipelined", then any of these afte
     "sleep2": "rollout.vllm.sleep_level=2",
     # Adam's moments and the gradients in host memory between updates (with sleep1 or sleep2).
     "offload": "learner.zero_stage=2,learner.offload_states_between_updates=true",
+    # vLLM's engine options (rollout.vllm.engine_args), for the rollout's figures (issue 46 point 3).
+    "async": "rollout.vllm.engine_args.async_scheduling=true",
 }
 
 
 def mode_sets(mode: str) -> tuple[bool, list[str]]:
     """(pipelined, overrides) of a --modes entry: "on-policy", "pipelined", "on-policy+sleep1+mem0.7",
-    "pipelined+broadcast"; memN sets vLLM's gpu_memory_utilization to N for that run."""
+    "pipelined+broadcast", "on-policy+async+seqs512"; memN sets vLLM's gpu_memory_utilization to N for
+    that run, seqsN its max_num_seqs."""
     base, *options = mode.split("+")
     if base not in ("on-policy", "pipelined"):
         raise SystemExit(f"--modes: {mode!r} starts with neither on-policy nor pipelined")
@@ -65,10 +68,12 @@ def mode_sets(mode: str) -> tuple[bool, list[str]]:
     for option in options:
         if option.startswith("mem"):
             sets.append(f"rollout.vllm.gpu_memory_utilization={float(option[3:])}")
+        elif option.startswith("seqs"):  # vLLM's batch limit: sequences per engine step
+            sets.append(f"rollout.vllm.engine_args.max_num_seqs={int(option[4:])}")
         elif option in MODE_OPTIONS:
             sets.extend(MODE_OPTIONS[option].split(","))
         else:
-            raise SystemExit(f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN")
+            raise SystemExit(f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN, seqsN")
     return base == "pipelined", sets
 
 
@@ -268,7 +273,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="on-policy,pipelined",
-        help="comma-separated: on-policy | pipelined, each with options +broadcast +sleep1 +sleep2 +memN",
+        help="comma-separated: on-policy or pipelined, + options: broadcast sleep1 sleep2 offload async memN seqsN",
     )
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the rates")

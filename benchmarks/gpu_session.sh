@@ -3,7 +3,7 @@
 # is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
-#   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | learner | handoff;
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | rollout | learner | handoff;
 #   default: sleep, sized for one lease; e2e the next)
 # sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
 #   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
@@ -34,7 +34,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-
 # lease's work call; 'e2e' beside TRL at 6 steps: model 5 s, TRL 129 s, on-policy 206 s (175 s of it
 # the run's start), pipelined ~210 s: ~550 s, the next lease's. That day's default (sleep e2e at
 # 200 + 420 s) cut the sleep part in level 2 and the e2e in its pipelined run.
-# So: lease 1 `bash benchmarks/gpu_session.sh` (sleep), lease 2 `... e2e`, then `turns` and `learner`.
+# So: lease 1 `bash benchmarks/gpu_session.sh` (sleep), lease 2 `... e2e`, then `learner`, `rollout` and `turns`.
 PARTS=${*:-sleep}
 [ -z "${*:-}" ] && T_sleep=${T_sleep:-540}
 E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
@@ -78,6 +78,12 @@ for part in $PARTS; do
       timeout ${limit:-570} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 8 --warmup 3 --stall-seconds 90 \
         --modes ${TURNS_MODES:-on-policy+broadcast,on-policy,on-policy+sleep1+mem0.7,on-policy+sleep1+offload+mem0.8,pipelined} --work /tmp/e2e-turns \
         --json "$OUT/gpu_e2e_turns.json" 2>&1 | tee "$OUT/turns.log" | tail -30 ;;
+    rollout)
+      # vLLM's engine options for the rollout's figures (issue 46 point 3), beside today's defaults in the
+      # same call: ROLLOUT_MODES (seqsN: max_num_seqs N; async: asynchronous scheduling).
+      timeout ${limit:-570} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 6 --warmup 2 --stall-seconds 90 \
+        --modes ${ROLLOUT_MODES:-on-policy,on-policy+async} --work /tmp/e2e-rollout \
+        --json "$OUT/gpu_e2e_rollout.json" --logs "$OUT" 2>&1 | tee "$OUT/rollout.log" | tail -30 ;;
     learner)
       for lora in 0 16; do
         timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class EngineSpec:
     block_size: int | None = None  # None: vLLM's default
     tensor_parallel_size: int = 1
     sleep_mode: bool = False  # the engine can sleep (rollout.vllm.sleep_level > 0; GPU only)
+    options: dict = field(default_factory=dict)  # more of vLLM's engine arguments (rollout.vllm.engine_args)
     # vLLM's own log lines go to this file, only its errors to the console (None: vLLM's defaults).
     log_file: str | None = None
 
@@ -57,6 +58,7 @@ def build_engine(spec: EngineSpec, tokenizer):
             block_size=spec.block_size,
             tensor_parallel_size=spec.tensor_parallel_size,
             config_overrides=spec.config_overrides,
+            options=spec.options,
             lora=spec.lora,
             sleep_mode=spec.sleep_mode,
         )

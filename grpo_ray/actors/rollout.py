@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +51,7 @@ class RolloutWorkerSettings:
     vllm_cpu_kv_cache_gb: float = 1.0
     vllm_block_size: int | None = None  # None: vLLM's default
     vllm_sleep_level: int = 0  # 0: never sleeps; 1 or 2: sleep() frees the GPU for the update
+    vllm_engine_args: dict = field(default_factory=dict)  # more of vLLM's engine arguments, passed as they are
     tensor_parallel_size: int = 1
     lora: LoraShape | None = None  # the engine applies this adapter itself; syncs send only its matrices
     environment: EpisodeSettings | None = None  # episodes with this environment; None: one completion a sample
@@ -80,12 +81,12 @@ class RolloutWorker:
                 block_size=settings.vllm_block_size,
                 tensor_parallel_size=settings.tensor_parallel_size,
                 sleep_mode=settings.vllm_sleep_level > 0,
+                options=settings.vllm_engine_args,
                 log_file=settings.vllm_log_file,
             ),
             self.tokenizer,
         )
-        # Episodes: the environment's processes start with the worker and live as long (a restarted
-        # worker starts new ones); each sample is then an episode (actors/episodes.py).
+        # Episodes (actors/episodes.py): the environment's processes live as long as this worker.
         self.episodes = EpisodeRunner(settings.environment, self.tokenizer) if settings.environment else None
         self._asleep: set[str] = set()  # what of the engine's memory sleeps: "weights", "kv_cache"
         self.policy_version = 0

@@ -24,6 +24,7 @@ What it covers:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import uuid
 
@@ -40,6 +41,7 @@ __all__ = [
     "start_layerwise_load",
     "finish_layerwise_load",
     "engine_args",
+    "check_engine_options",
     "make_async_engine",
     "transfer_requests",
     "request_id",
@@ -86,6 +88,20 @@ def engine_args(backend: str, extension: str, **kwargs):
         distributed_executor_backend="mp",
         **kwargs,
     )
+
+
+def check_engine_options(options: dict) -> None:
+    """rollout.vllm.engine_args: every name is one of this vLLM's AsyncEngineArgs (the set differs
+    between versions: 0.26 and 0.32 each add and drop some), else a ValueError naming it."""
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(AsyncEngineArgs)})
+    if unknown:
+        raise ValueError(
+            f"rollout.vllm.engine_args: {', '.join(unknown)} is not an engine option of vLLM {vllm.__version__} "
+            "(its AsyncEngineArgs, the `vllm serve --help` options with - as _); remove or rename it"
+        )
 
 
 async def finish_weight_update(llm, version: int) -> None:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from grpo_ray.actors.vllm_compat import (
+    check_engine_options,
     engine_args,
     finish_weight_update,
     make_async_engine,
@@ -81,6 +82,7 @@ class VllmEngine:
         lora=None,
         sleep_mode: bool = False,
         block_size: int | None = None,
+        options: dict | None = None,
     ):
         self.tokenizer = tokenizer
         kwargs = dict(
@@ -92,9 +94,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",
             tensor_parallel_size=tensor_parallel_size,
             disable_log_stats=True,
-            # Its "Loading safetensors checkpoint shards" bars on every engine start: console noise
-            # (issue 46 point 7) unless --verbose asks for the libraries' notices.
-            use_tqdm_on_load=verbose(),
+            use_tqdm_on_load=verbose(),  # its load's progress bars: console noise, unless --verbose
         )
         if lora is not None:
             kwargs.update(enable_lora=True, max_lora_rank=lora.rank, max_loras=1)
@@ -107,6 +107,9 @@ class VllmEngine:
         self._adapters = tempfile.mkdtemp(prefix="grpo-ray-adapter-") if lora is not None else None
         if config_overrides:
             kwargs["hf_overrides"] = config_overrides  # e.g. YaRN rope scaling at evaluation time
+        if options:  # the recipe's own engine options (rollout.vllm.engine_args)
+            check_engine_options(options)
+            kwargs.update(options)
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:

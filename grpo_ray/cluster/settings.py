@@ -75,6 +75,7 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         vllm_cpu_kv_cache_gb=r.vllm.cpu_kv_cache_gb,
         vllm_block_size=r.vllm.block_size,
         vllm_sleep_level=r.vllm.sleep_level,
+        vllm_engine_args=dict(r.vllm.engine_args),
         tensor_parallel_size=r.tensor_parallel_size,
         # The engine holds the same adapter as the learner, and each sync sends only its matrices.
         lora=LoraShape(cfg.model.lora.rank, cfg.model.lora.alpha, cfg.model.lora.target_modules)

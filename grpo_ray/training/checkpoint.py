@@ -93,6 +93,7 @@ ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "reward.source_field",
     "rollout.groups_per_chunk",
     "rollout.vllm.block_size",
+    "rollout.vllm.engine_args",
     "rollout.vllm.sleep_level",
     "rollout.vllm.sync_during_generation",
     "stages[].lr",

@@ -2,7 +2,8 @@
 and `grpo-ray train` run the same checks, in this order, and stop at the first that fails with one
 line naming the field and the fix.
 
-1. model.quantization can run where the learners run (bitsandbytes' backend);
+1. model.quantization can run where the learners run (bitsandbytes' backend), and
+   rollout.vllm.engine_args are options of the installed vLLM;
 2. every model and tokenizer resolves: a local folder exists, a hub id is in the local Hugging Face
    cache or answers on the hub (one short request: offline, a one-line error at once rather than
    transformers' retries);
@@ -46,6 +47,7 @@ def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> 
     has joined it; a second connection from inside a Ray job would drop the job's working dir
     (Ray frees a job's runtime environment when its last driver disconnects)."""
     check_quantization(cfg)
+    check_vllm_engine_args(cfg)
     for field, source in model_sources(cfg):
         check_model_source(source, field)
     check_reward_functions(cfg)
@@ -54,6 +56,21 @@ def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> 
     address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
     where = check_plan_fits(cfg, address) if address is None or connect else f"the cluster at {address} (at reserve)"
     return Preflight(inputs, where)
+
+
+def check_vllm_engine_args(cfg: Config) -> None:
+    """rollout.vllm.engine_args: names this vLLM's engine takes, where vLLM is installed here (on a
+    driver without it, the engine checks them as it starts, with the same line)."""
+    if cfg.rollout.backend != "vllm" or not cfg.rollout.vllm.engine_args:
+        return
+    try:
+        from grpo_ray.actors.vllm_compat import check_engine_options
+    except ImportError:
+        return
+    try:
+        check_engine_options(cfg.rollout.vllm.engine_args)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def check_quantization(cfg: Config) -> None:

@@ -74,11 +74,26 @@ def vllm_engine(engine):
     from grpo_ray.actors.vllm_engine import VllmEngine
 
     hf, tokenizer = engine
+    # options: a recipe's rollout.vllm.engine_args, passed through (checked below).
     vllm = VllmEngine(
-        str(ensure_tiny_artifacts().model_dir), tokenizer, max_model_len=128, cpu_kv_cache_gb=0.25, block_size=32
+        str(ensure_tiny_artifacts().model_dir),
+        tokenizer,
+        max_model_len=128,
+        cpu_kv_cache_gb=0.25,
+        block_size=32,
+        options={"max_num_seqs": 24},
     )
     yield vllm
     vllm.shutdown()
+
+
+@pytest.mark.vllm
+def test_the_recipes_engine_options_reach_the_vllm_engine_and_an_unknown_one_is_named(vllm_engine):
+    assert vllm_engine.llm.vllm_config.scheduler_config.max_num_seqs == 24
+    from grpo_ray.actors.vllm_compat import check_engine_options
+
+    with pytest.raises(ValueError, match=r"rollout\.vllm\.engine_args: max_num_seq is not an engine option of vLLM"):
+        check_engine_options({"max_num_seq": 8, "max_num_batched_tokens": 512})
 
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])

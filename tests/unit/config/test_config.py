@@ -253,3 +253,13 @@ def test_per_turn_credit_without_an_environment_is_one_line():
     assert config_from_dict(
         {"model": {"path": "tiny"}, "environment": {"spec": "x.py:X", "reward_per_turn": True}}
     ).environment.reward_per_turn
+
+
+def test_vllm_engine_args_pass_through_but_not_the_options_grpo_ray_sets():
+    cfg = config_from_dict({"rollout": {"vllm": {"engine_args": {"max_num_seqs": 64, "async_scheduling": True}}}})
+    assert cfg.rollout.vllm.engine_args == {"max_num_seqs": 64, "async_scheduling": True}
+    _refused_in_one_line(
+        {"rollout": {"vllm": {"engine_args": {"gpu_memory_utilization": 0.9}}}},
+        "rollout.vllm.engine_args: Value error, 'gpu_memory_utilization' is set by grpo-ray: use "
+        "rollout.vllm.gpu_memory_utilization instead",
+    )

@@ -141,3 +141,13 @@ def test_a_script_may_validate_at_its_top_level_without_a_main_guard(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "prompts 7600"
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_option_this_vllm_does_not_have_is_named_before_anything_starts():
+    pytest.importorskip("vllm", exc_type=ImportError)
+    result = validate(TINY, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.engine_args.max_num_seq=8")
+    assert result.exit_code == 1
+    assert error_line(result).startswith(
+        "error: rollout.vllm.engine_args: max_num_seq is not an engine option of vLLM "
+    ), result.output
