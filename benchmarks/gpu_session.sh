@@ -69,7 +69,7 @@ for part in $PARTS; do
       tar -C /tmp/e2e-tiny -czf "$OUT/tiny-logs.tgz" --exclude=mlruns --exclude=model . 2>/dev/null ;;
     e2e)
       timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 \
-        --steps ${E2E_STEPS:-10} --warmup ${E2E_WARMUP:-3} --modes ${E2E_MODES:-on-policy,pipelined} \
+        --steps $E2E_STEPS --warmup $E2E_WARMUP --modes ${E2E_MODES:-on-policy,pipelined} \
         --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" --logs "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
     sync)
       timeout ${limit:-420} python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \

@@ -137,10 +137,9 @@ def join_learner_world(rank: int, world_size: int, master_addr: str, master_port
     # console, and a guess is wrong wherever ranks and GPUs do not line up. Ray gives each learner
     # its own GPU as the process's current one.
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else None
-    torch.distributed.init_process_group(
-        "nccl" if gpu else "gloo", store=store, rank=rank, world_size=world_size, device_id=device
-    )
-    deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+    backend = "nccl" if gpu else "gloo"
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size, device_id=device)
+    deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
 
 
 def safe_checkpoint_engine():

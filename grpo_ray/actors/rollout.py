@@ -86,7 +86,7 @@ class RolloutWorker:
             ),
             self.tokenizer,
         )
-        # Episodes (actors/episodes.py): the environment's processes live as long as this worker.
+        # Episodes (actors/episodes.py): each sample an episode; the environment's processes die with this worker.
         self.episodes = EpisodeRunner(settings.environment, self.tokenizer) if settings.environment else None
         self._asleep: set[str] = set()  # what of the engine's memory sleeps: "weights", "kv_cache"
         self.policy_version = 0
