@@ -15,6 +15,7 @@
 #   1 in 8 up to 1,024), rows as today against packing + token budget (and with liger's fused head),
 #   full fine-tuning and LoRA r16 (T_learner=240 at least: each variant's process builds the model),
 #   each with its 15 costliest GPU operators of one more step and its trainable dtypes (LoRA's slowdown);
+#   (LEARNER_LORA="0" for full fine-tuning alone, when a lease has minutes left);
 # handoff: the short form of turns for a lease of minutes: on-policy and pipelined with the hand-off
 #   (HANDOFF_MODES=pipelined for one; on an H200 the on-policy run took 150 s, start included).
 # e2e's modes are E2E_MODES (default on-policy,pipelined; e.g. add on-policy+sleep1+mem0.8 for sleep mode's run).
@@ -85,7 +86,7 @@ for part in $PARTS; do
         --modes ${ROLLOUT_MODES:-on-policy,on-policy+async} --work /tmp/e2e-rollout \
         --json "$OUT/gpu_e2e_rollout.json" --logs "$OUT" 2>&1 | tee "$OUT/rollout.log" | tail -30 ;;
     learner)
-      for lora in 0 16; do
+      for lora in ${LEARNER_LORA:-0 16}; do
         timeout ${limit:-240} python3 benchmarks/learner_long_tail.py --shape qwen2.5-0.5b --tokenizer "$QWEN2_TOKENIZER" \
           --rows 128 --samples 8 --micro-batch 16 --max-tokens 16384 --prompt-tokens 128 --short-tokens 256 \
           --long-tokens 1024 --long-fraction 0.125 --steps 2 --threads 8 --lora $lora --profile 15 \
