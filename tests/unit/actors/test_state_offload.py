@@ -77,6 +77,11 @@ def check_offload_trains_as_without(results: dict[str, dict], exact: bool) -> No
     assert all("update/offload_seconds" in metrics for metrics in steps)
     assert "update/reload_seconds" not in steps[0] and all("update/reload_seconds" in m for m in steps[1:])
     assert off["report"]["away_after_step"] == [[]] * 3
+    # DeepSpeed's views of the moments would keep them on the GPU while away (an H100 freed nothing at
+    # the first offload): none while away, and linked again to the moments that came back.
+    assert [views["count"] for views in report["views_after_step"]] == [0, 0, 0]
+    views_back, views_kept = report["views_after_bring_back"], off["report"]["views_after_step"][-1]
+    assert views_back["count"] == views_kept["count"] > 0 and views_back["of_held"] and views_kept["of_held"]
     assert not any(key.startswith(("update/offload", "update/reload")) for m in off["report"]["metrics"] for key in m)
 
 
@@ -138,15 +143,31 @@ def _learner(offload: bool, out: Path) -> None:
     def away() -> list[str]:
         return sorted(state.value for state in learner.engine.optimizer.offloaded_states)
 
-    report: dict = {"metrics": [], "away_after_step": []}
+    def moment_views() -> dict:
+        """DeepSpeed's own views of Adam's moments (each parameter's `_hp_mapping.optim_fragment`):
+        how many, and whether each is of the moments the optimizer holds now."""
+        optimizer = learner.engine.optimizer
+        held = {
+            value.untyped_storage().data_ptr()
+            for state in optimizer.optimizer.state.values()
+            for value in state.values()
+            if torch.is_tensor(value) and value.dim() > 0
+        }
+        params = [param for group in optimizer.bit16_groups for param in group]
+        views = [view for param in params for view in (param._hp_mapping.optim_fragment or {}).values()]
+        return {"count": len(views), "of_held": all(v.untyped_storage().data_ptr() in held for v in views)}
+
+    report: dict = {"metrics": [], "away_after_step": [], "views_after_step": []}
     for k in (1, 2, 3):
         report["metrics"].append(step(k))
         report["away_after_step"].append(away())
+        report["views_after_step"].append(moment_views())
         if k == 2:
             learner.save_checkpoint(str(out / "checkpoint"))
             report["away_after_save"] = away()
     np.savez(out / "params.npz", **learner.parameters_snapshot())
     learner.offload.bring_back()  # as in a resumed run's new learner: the states on the device when it loads
+    report["views_after_bring_back"] = moment_views()
     learner.load_checkpoint(str(out / "checkpoint"))
     report["away_after_load"] = away()
     step(3)
