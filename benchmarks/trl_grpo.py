@@ -11,6 +11,13 @@ On a GPU (benchmarks/gpu_e2e.py): `--gpu` trains in bf16 with vLLM colocated in 
 process (`use_vllm=True, vllm_mode="colocate"`, TRL's one-GPU setup), and `--reward length` scores
 with TRL's tl;dr length reward (-|characters - target|), which a random model's completions
 differ on, where exact match scores them all 0.
+
+For the real model's race (benchmarks/real_model_race.py): `--reward gsm8k` (grpo-ray's file again),
+`--eval-prompts FILE --eval-every K` evaluates greedy held-out accuracy before the first step and
+after every K-th, as grpo-ray's runs do (batched generate of `--eval-new-tokens`), each with the
+wall seconds since this process started (start-up included, as grpo-ray's run is timed from its
+launch), and `--lora R` trains a LoRA adapter of rank R (alpha 2R, on the attention and MLP
+projections, as grpo-ray's model.lora) instead of every weight.
 """
 
 from __future__ import annotations
@@ -26,14 +33,53 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-EXACT_MATCH = Path(__file__).resolve().parents[1] / "grpo_ray" / "rewards" / "exact_match.py"
+STARTED = time.perf_counter()  # the process's start: the race's clock (start-up included)
+REWARDS = Path(__file__).resolve().parents[1] / "grpo_ray" / "rewards"
 
 
-def load_exact_match():
-    spec = importlib.util.spec_from_file_location("grpo_ray_exact_match", EXACT_MATCH)
+def load_reward(name: str):
+    """grpo-ray's reward function `name` from its own file (exact_match.py, gsm8k.py)."""
+    spec = importlib.util.spec_from_file_location(f"grpo_ray_{name}", REWARDS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.exact_match
+    return getattr(module, name)
+
+
+class HeldOut(TrainerCallback):
+    """Greedy held-out accuracy at the start and every `every` steps: [(seconds since the process
+    started, step, accuracy)], in batches of `batch` prompts of `new_tokens` new tokens."""
+
+    def __init__(self, rows, tokenizer, score, every: int, new_tokens: int, batch: int = 50):
+        self.rows, self.tokenizer, self.score = rows, tokenizer, score
+        self.every, self.new_tokens, self.batch = every, new_tokens, batch
+        self.curve: list[tuple[float, int, float]] = []
+        self.seconds = 0.0  # spent evaluating
+
+    def evaluate(self, model, step: int) -> None:
+        started = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        texts = []
+        with torch.no_grad():
+            for i in range(0, len(self.rows), self.batch):
+                prompts = [row["prompt"] for row in self.rows[i : i + self.batch]]
+                encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                encoded = encoded.to(model.device)
+                out = model.generate(**encoded, max_new_tokens=self.new_tokens, do_sample=False)
+                texts += self.tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+        model.train(was_training)
+        scores = self.score(texts, [r["prompt"] for r in self.rows], [r["answer"] for r in self.rows])
+        accuracy = sum(s or 0.0 for s in scores) / len(scores)
+        self.seconds += time.perf_counter() - started
+        self.curve.append((time.perf_counter() - STARTED, step, accuracy))
+        print(f"trl step {step}: held-out accuracy {accuracy:.3f} at {self.curve[-1][0]:.0f} s", flush=True)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.evaluate(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+            self.evaluate(model, state.global_step)
 
 
 class StepClock(TrainerCallback):
@@ -67,9 +113,17 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--gpu", action="store_true", help="bf16 on the GPU, vLLM colocated")
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--reward", choices=["exact_match", "length"], default="exact_match")
+    parser.add_argument("--reward", choices=["exact_match", "gsm8k", "length"], default="exact_match")
     parser.add_argument("--target-chars", type=int, default=100)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--eval-prompts", default=None, help="JSONL rows {prompt, answer}, chat-templated")
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--eval-new-tokens", type=int, default=16)
+    parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     rows = [json.loads(line) for line in Path(args.prompts).read_text().splitlines()]
     dataset = Dataset.from_list(rows)
@@ -78,12 +132,23 @@ def main() -> None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16 if args.gpu else torch.float32)
-    exact_match = load_exact_match()
+    score = load_reward(args.reward) if args.reward != "length" else None
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=args.lora,
+            lora_alpha=2 * args.lora,
+            lora_dropout=0.0,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            task_type="CAUSAL_LM",
+        )
 
     def reward(prompts, completions, answer, **_):
         if args.reward == "length":
             return [-abs(len(c) - args.target_chars) for c in completions]
-        return exact_match(completions, prompts, answer)
+        return score(completions, prompts, answer)
 
     completions_per_step = args.prompts_per_step * args.generations
     accumulation = completions_per_step // args.micro_batch
@@ -97,7 +162,7 @@ def main() -> None:
         steps_per_generation=accumulation,
         num_generations=args.generations,
         max_completion_length=args.max_new_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         top_p=1.0,
         learning_rate=args.lr,
         lr_scheduler_type="constant",
@@ -126,18 +191,26 @@ def main() -> None:
         dataloader_num_workers=0,
     )
     clock = StepClock()
+    callbacks = [clock]
+    held_out = None
+    if args.eval_prompts:
+        eval_rows = [json.loads(line) for line in Path(args.eval_prompts).read_text().splitlines()]
+        held_out = HeldOut(eval_rows, tokenizer, score, args.eval_every, args.eval_new_tokens)
+        callbacks.append(held_out)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[clock],
+        callbacks=callbacks,
+        peft_config=peft_config,
     )
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
     steady = clock.seconds[args.warmup_steps :] or clock.seconds
+    # The step's clock stops before the held-out evaluation (callbacks run in order): not in the rate.
     seconds_per_step = sum(steady) / len(steady)
     rewards = [entry["reward"] for entry in trainer.state.log_history if "reward" in entry]
     result = {
@@ -151,6 +224,9 @@ def main() -> None:
         "wall_seconds": wall,
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,
+        "rewards": rewards,
+        "curve": held_out.curve if held_out else None,
+        "lora": args.lora,
     }
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

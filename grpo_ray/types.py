@@ -262,6 +262,9 @@ class WeightSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str  # torch dtype name, e.g. "float32"
+    # A tied weight (lm_head = the embedding): the name of the tensor it is. It travels once, as that
+    # tensor; receivers load the same tensor under this name too (transport/broadcast.bucket_tensors).
+    alias_of: str | None = None
 
     @property
     def numel(self) -> int:

@@ -32,7 +32,7 @@ from grpo_ray.algo import grpo_loss, mismatch_stats
 from grpo_ray.algo.micro_batches import plan_micro_batches, spread
 from grpo_ray.algo.off_policy import pi_old_and_weights, stale_rows
 from grpo_ray.algo.schedules import schedule_lr
-from grpo_ray.transport.broadcast import bucket_storage, device_identity, plan_buckets, tied_aliases
+from grpo_ray.transport.broadcast import bucket_storage, device_identity, plan_buckets
 from grpo_ray.transport.handoff import HandoffRing, RingHandle
 from grpo_ray.transport.kept import KeptWeights
 from grpo_ray.transport.routes import Seat, SendRoutes, send_routed
@@ -269,7 +269,7 @@ class LearnerWorker:
         matrices alone, for engines that apply the adapter themselves."""
         specs = weight_specs(self.module, adapter_only)
         params = export_parameters(self.module, adapter_only)
-        buckets = plan_buckets(specs, bucket_bytes, alone=tied_aliases(params))
+        buckets = plan_buckets(specs, bucket_bytes)
         # Without ZeRO or a mixed-precision wrapper, the optimizer updates the module's own
         # tensors in place: lay them out bucket by bucket, so a sync sends them as they lie
         # instead of packing a copy. (ZeRO-1/2 keep them in DeepSpeed's flat groups already.)

@@ -298,7 +298,7 @@ class VllmEngine:
         init, _ = transfer_requests()
         info = dict(
             seats=[seat.as_dict() for seat in seats],
-            specs=[(s.name, tuple(s.shape), s.dtype) for s in specs],
+            specs=[(s.name, tuple(s.shape), s.dtype, s.alias_of) for s in specs],
             buckets=buckets,
         )
         self._run(self.llm.init_weight_transfer_engine(init(init_info=info)))

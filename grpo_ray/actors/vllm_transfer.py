@@ -43,7 +43,7 @@ class BucketInitInfo:
     """Where each shard takes the sync and what a sync carries (sent once, at join)."""
 
     seats: list = field(default_factory=list)  # shard r's Seat (transport/routes.py) at r, as plain fields
-    specs: list = field(default_factory=list)  # [(name, shape, dtype, numel)] (WeightSpec fields)
+    specs: list = field(default_factory=list)  # [(name, shape, dtype, alias_of)] (WeightSpec fields)
     buckets: list = field(default_factory=list)  # spec indices per bucket, in send order
 
 
@@ -75,7 +75,9 @@ class BucketWeightTransferEngine(WeightTransferEngine):
         return self.parallel_config.rank
 
     def init_transfer_engine(self, init_info: BucketInitInfo) -> None:
-        self.specs = [WeightSpec(name, tuple(shape), dtype) for name, shape, dtype in init_info.specs]
+        self.specs = [
+            WeightSpec(name, tuple(shape), dtype, alias_of) for name, shape, dtype, alias_of in init_info.specs
+        ]
         self.buckets = [list(bucket) for bucket in init_info.buckets]
         self.group = join_seat(Seat.from_dict(init_info.seats[self.shard]), device_identity())
 

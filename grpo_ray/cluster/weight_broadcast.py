@@ -314,7 +314,7 @@ class WeightBroadcaster:
     @property
     def num_bytes(self) -> int:
         """Bytes one sync sends."""
-        return sum(spec_bytes(spec) for spec in self.specs)
+        return sum(spec_bytes(spec) for spec in self.specs if spec.alias_of is None)  # an alias travels as its tensor
 
     def raw_broadcast_gbps(self, num_bytes: int) -> float:
         """GB/s of the sync's yardstick for num_bytes: a plain broadcast from learner rank 0 to the

@@ -32,7 +32,7 @@ from pathlib import Path
 from grpo_ray.config.schema import Config
 
 GIB = 1 << 30
-# config.json fields of the Qwen2.5 family (and the offline tiny model), for hub ids.
+# config.json fields of the Qwen2.5 family and the built-in models, for hub ids and built-in names.
 _QWEN = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
 ARCHITECTURES: dict[str, dict] = {
     "tiny": {
@@ -43,6 +43,27 @@ ARCHITECTURES: dict[str, dict] = {
         "num_hidden_layers": 2,
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "tiny-tools": {
+        "model_type": "qwen2",
+        "vocab_size": 59,
+        "hidden_size": 128,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    # The built-in real model (models/smollm2.py), and the hub's HuggingFaceTB/SmolLM2-135M-Instruct.
+    "smollm2-135m": {
+        "model_type": "llama",
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
         "tie_word_embeddings": True,
     },
     "qwen2.5-0.5b": {

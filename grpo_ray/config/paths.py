@@ -8,13 +8,14 @@ the working directory. `load_config` makes every local path absolute by that rul
 later layer ever looks at the working directory; `ray job submit --working-dir .` keeps working,
 since the job's driver reads the recipe inside the uploaded folder and the paths resolve there.
 
-What counts as a local path, per field (hub ids, built-ins, URIs and "tiny" pass unchanged):
+What counts as a local path, per field (hub ids, built-ins, URIs and built-in models pass unchanged):
     output_dir                                   always
     model.path / .tokenizer, reference.model_path / .tokenizer, reward.model.path / .tokenizer
                                                  local unless it looks like a hub id ("org/name",
-                                                 one slash, not present locally) or is "tiny"
+                                                 one slash, not present locally) or is a built-in
+                                                 model ("tiny", "smollm2-135m": builtin_names.py)
     data.train_files[] / eval_files[]            a file with a data suffix, or anything present
-                                                 locally; "tiny:..." and hub ids pass
+                                                 locally; "tiny:...", "smollm2-135m:..." and hub ids pass
     reward.functions[].name, reward.by_source.*[].name, environment.spec
                                                  the file part of "path/file.py:function"
     tracking.tracking_uri                        sqlite:///relative.db and a bare folder
@@ -26,6 +27,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, BUILT_IN_MODELS
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 _MODEL_FIELDS = (("model", "path"), ("model", "tokenizer"), ("reference", "model_path"), ("reference", "tokenizer"))
@@ -106,13 +109,13 @@ def _named(item: Any) -> bool:
 
 
 def _local_model(value: str, base: Path) -> bool:
-    if value in ("tiny", "tiny-tools") or not value.strip():
+    if value in BUILT_IN_MODELS or not value.strip():
         return False
     return value.startswith((".", "/", "~")) or value.count("/") != 1 or (base / value).exists()
 
 
 def _local_data(value: str, base: Path) -> bool:
-    if value.startswith(("tiny:", "tiny-tools:")) or "://" in value or not value.strip():
+    if value.startswith(BUILT_IN_DATA_PREFIXES) or "://" in value or not value.strip():
         return False
     return value.startswith((".", "/", "~")) or value.endswith(DATA_SUFFIXES) or (base / value).exists()
 

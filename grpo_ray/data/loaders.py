@@ -2,7 +2,8 @@
 ids through `datasets`).
 
 Row shapes (POLARIS, GSM8K, verl-style parquet, generic fields) are detected per row by
-`grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" name the project's offline arithmetic task.
+`grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" (and "tiny-tools:", "smollm2-135m:") name the
+built-in models' offline tasks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, SMOLLM2, TINY
 from grpo_ray.errors import first_line, missing_path_hint
 from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_row
 
@@ -35,22 +37,29 @@ class Row:
 
 
 def resolve_data_path(spec: str) -> str:
-    if spec.startswith(("tiny:", "tiny-tools:")):
+    """A built-in task's split ("tiny:train", "smollm2-135m:heldout") -> its cached file (written on
+    first use); anything else unchanged."""
+    if not spec.startswith(BUILT_IN_DATA_PREFIXES):
+        return spec
+    name, _, split = spec.partition(":")
+    if split not in ("train", "heldout"):
+        raise DataError(f"{spec}: unknown split; use {name}:train or {name}:heldout")
+    if name == SMOLLM2:
+        from grpo_ray.models.smollm2 import ensure_smollm2_data
+
+        files = dict(zip(("train", "heldout"), ensure_smollm2_data()))
+    else:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
         from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts
 
-        name, _, split = spec.partition(":")
-        artifacts = ensure_tiny_artifacts() if name == "tiny" else ensure_tiny_tools_artifacts()
+        artifacts = ensure_tiny_artifacts() if name == TINY else ensure_tiny_tools_artifacts()
         files = {"train": artifacts.train_file, "heldout": artifacts.heldout_file}
-        if split not in files:
-            raise DataError(f"{spec}: unknown split; use {name}:train or {name}:heldout")
-        return str(files[split])
-    return spec
+    return str(files[split])
 
 
 def check_data_path(spec: str, field: str) -> None:
     """Fail fast, in the driver, on a local file that does not exist."""
-    if spec.startswith(("tiny:", "tiny-tools:")):
+    if spec.startswith(BUILT_IN_DATA_PREFIXES):
         return
     path = Path(spec).expanduser()
     if Path(spec).suffix in _FORMATS and not path.exists():

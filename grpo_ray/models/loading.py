@@ -15,9 +15,7 @@ import torch
 from grpo_ray.errors import first_line
 from grpo_ray.types import WeightSpec
 
-TINY = "tiny"
-TINY_TOOLS = "tiny-tools"  # the tiny model pre-trained to call a calculator (models/tiny_tools.py)
-BUILT_IN_MODELS = (TINY, TINY_TOOLS)
+from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
 
 
 class ModelLoadError(ValueError):
@@ -25,7 +23,8 @@ class ModelLoadError(ValueError):
 
 
 def resolve_model_path(path: str) -> str:
-    """ "tiny", "tiny-tools" -> the cached offline model folder (built once); anything else unchanged."""
+    """ "tiny", "tiny-tools", "smollm2-135m" -> the cached offline model folder (built once); anything
+    else unchanged."""
     if path == TINY:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
 
@@ -34,6 +33,10 @@ def resolve_model_path(path: str) -> str:
         from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts
 
         return str(ensure_tiny_tools_artifacts().model_dir)
+    if path == SMOLLM2:
+        from grpo_ray.models.smollm2 import ensure_smollm2
+
+        return str(ensure_smollm2())
     return path
 
 
@@ -175,9 +178,10 @@ def _export_names(model: torch.nn.Module, adapter_only: bool = False) -> list[tu
     With `adapter_only` (a peft model), only the LoRA matrices, under peft's own names: an engine
     that wraps the same base model with the same LoraConfig has exactly these parameters.
 
-    A tied lm_head is sent under its own name although it is the embedding: vLLM's CPU backend
-    keeps a processed copy of the LM head, and its in-place reload restores the *old* copy when
-    the checkpoint holds no lm_head weight (measured: log-prob gap 1.08 without it, 2e-6 with it).
+    A tied lm_head is named although it is the embedding: vLLM's CPU backend keeps a processed copy
+    of the LM head, and its in-place reload restores the *old* copy when the checkpoint holds no
+    lm_head weight (measured: log-prob gap 1.08 without it, 2e-6 with it). Its bytes travel once, as
+    the embedding's (weight_specs marks it alias_of), and receivers load them under both names.
     """
     if adapter_only:
         return [(name, param) for name, param in model.named_parameters() if "lora_" in name]
@@ -192,10 +196,20 @@ def _export_names(model: torch.nn.Module, adapter_only: bool = False) -> list[tu
 
 
 def weight_specs(model: torch.nn.Module, adapter_only: bool = False) -> list[WeightSpec]:
-    return [
-        WeightSpec(name=name, shape=tuple(_full_shape(param)), dtype=str(param.dtype).removeprefix("torch."))
-        for name, param in _export_names(model, adapter_only)
-    ]
+    """The engines' names of the weights, each tied alias marked as the tensor it is (alias_of)."""
+    first_name: dict[int, str] = {}
+    specs = []
+    for name, param in _export_names(model, adapter_only):
+        specs.append(
+            WeightSpec(
+                name=name,
+                shape=tuple(_full_shape(param)),
+                dtype=str(param.dtype).removeprefix("torch."),
+                alias_of=first_name.get(id(param)),
+            )
+        )
+        first_name.setdefault(id(param), name)
+    return specs
 
 
 def _full_shape(param: torch.nn.Parameter) -> torch.Size:

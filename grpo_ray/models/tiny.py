@@ -38,17 +38,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_ray.models.cache import MARKER_FILE, build_once, default_cache_dir
 from grpo_ray.models.tiny_task import make_addition_split, write_jsonl
 from grpo_ray.models.tiny_tokenizer import build_tiny_tokenizer, save_tiny_tokenizer
 from grpo_ray.models.tiny_weights import SHIPPED_WEIGHTS, load_shipped_weights
@@ -70,7 +68,6 @@ PRETRAIN_STEPS = 300
 PRETRAIN_BATCH_SIZE = 64
 PRETRAIN_LR = 1e-3
 
-MARKER_FILE = "READY"
 INFO_FILE = "tiny_info.json"
 
 
@@ -292,11 +289,6 @@ def _build(out_dir: Path, *, pretrain_steps: int, seed: int, pretrain: bool = Tr
     (out_dir / MARKER_FILE).write_text("ok\n")
 
 
-def default_cache_dir() -> Path:
-    """$GRPO_RAY_CACHE, else ~/.cache/grpo-ray."""
-    return Path(os.environ.get("GRPO_RAY_CACHE") or Path.home() / ".cache" / "grpo-ray")
-
-
 def ensure_tiny_artifacts(
     cache_dir: Path | None = None, *, pretrain_steps: int = PRETRAIN_STEPS, seed: int = SEED, pretrain: bool = False
 ) -> TinyArtifacts:
@@ -305,9 +297,7 @@ def ensure_tiny_artifacts(
 
     The folder is ``<cache_dir>/tiny-v2`` for the defaults, ``tiny-v2-seed{S}-steps{N}``
     otherwise (and ``tiny-v2-pretrained`` for the defaults pre-trained here), so no other build
-    shadows the real one. A build happens in a temporary
-    sibling folder that is renamed into place, under an exclusive lock on ``<folder>.lock``:
-    concurrent callers wait for the first one and then reuse its result.
+    shadows the real one, built once (models/cache.py: concurrent callers wait for the first).
     """
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     name = TINY_VERSION
@@ -316,28 +306,14 @@ def ensure_tiny_artifacts(
         name = f"{TINY_VERSION}-seed{seed}-steps{pretrain_steps}"
     elif pretrain:
         name = f"{TINY_VERSION}-pretrained"
-    final = cache_dir / name
-    artifacts = TinyArtifacts(
+    final = build_once(
+        cache_dir,
+        name,
+        lambda folder: _build(folder, pretrain_steps=pretrain_steps, seed=seed, pretrain=pretrain or not defaults),
+    )
+    return TinyArtifacts(
         model_dir=final / "model", train_file=final / "train.jsonl", heldout_file=final / "heldout.jsonl"
     )
-    if (final / MARKER_FILE).exists():
-        return artifacts
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MARKER_FILE).exists():  # another process built it while we waited
-            return artifacts
-        if final.exists():  # left by an interrupted copy or a hand edit: not trustworthy
-            shutil.rmtree(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
-        try:
-            _build(tmp, pretrain_steps=pretrain_steps, seed=seed, pretrain=pretrain or not defaults)
-            tmp.chmod(0o755)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return artifacts
 
 
 def main(argv: Sequence[str] | None = None) -> None:

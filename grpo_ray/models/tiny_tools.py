@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
-from grpo_ray.models.tiny import MARKER_FILE, TinyArtifacts, build_tiny_model, default_cache_dir
+from grpo_ray.models.cache import build_once, default_cache_dir
+from grpo_ray.models.tiny import TinyArtifacts, build_tiny_model
 from grpo_ray.models.tiny_task import write_jsonl
 from grpo_ray.models.tiny_tokenizer import build_tiny_tokenizer, save_tiny_tokenizer
 from grpo_ray.models.tiny_weights import load_shipped_weights
@@ -126,27 +124,10 @@ def pretrain(model, tokenizer, rows: list[dict], steps: int, seed: int) -> float
 def ensure_tiny_tools_artifacts(cache_dir: Path | None = None, *, pretrain_here: bool = False) -> TinyArtifacts:
     """The cached tiny-tools model and its data (<cache>/tiny-tools-v1), built once: a few seconds
     with the shipped weights, ~2 minutes pre-training (pretrain_here)."""
-    import fcntl
-
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     name = VERSION + ("-pretrained" if pretrain_here else "")
-    final = cache_dir / name
+    final = build_once(cache_dir, name, lambda folder: _build(folder, pretrain_here))
     artifacts = TinyArtifacts(final / "model", final / "train.jsonl", final / "heldout.jsonl")
-    if (final / MARKER_FILE).exists():
-        return artifacts
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / MARKER_FILE).exists():
-            return artifacts
-        shutil.rmtree(final, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
-        try:
-            _build(tmp, pretrain_here)
-            tmp.chmod(0o755)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     return artifacts
 
 
@@ -180,7 +161,6 @@ def _build(out_dir: Path, pretrain_here: bool) -> None:
         "build_seconds": round(time.perf_counter() - started, 2),
     }
     (out_dir / "model" / "tiny_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    (out_dir / MARKER_FILE).write_text("ok\n")
 
 
 def main() -> None:
