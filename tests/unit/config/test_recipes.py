@@ -43,6 +43,7 @@ def test_the_expected_recipes_are_shipped():
         "gsm8k-lora-zero2.yaml",
         "gsm8k-ref7b.yaml",
         "tldr.yaml",
+        "smollm2-arithmetic.yaml",
     } <= {p.name for p in RECIPES}
 
 
