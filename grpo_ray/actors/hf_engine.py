@@ -168,6 +168,9 @@ class HFEngine:
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         load_named_weights(self.model, weights)
 
+    def shutdown(self) -> None:
+        """Nothing to stop: the model runs in this process (VllmEngine stops its processes here)."""
+
     def bucket_storage(
         self, specs: list[WeightSpec], buckets: list[list[int]], device: torch.device
     ) -> list[torch.Tensor] | None:

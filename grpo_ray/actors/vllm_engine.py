@@ -59,7 +59,7 @@ from grpo_ray.actors.vllm_compat import (
 )
 from grpo_ray.actors.vllm_cpu import shard_threads, whole_prompt_scheduling
 from grpo_ray.actors.vllm_transfer import BACKEND
-from grpo_ray.quiet import verbose
+from grpo_ray.quiet import children_print_to, verbose
 from grpo_ray.models.adapter_files import write_adapter_folder
 from grpo_ray.types import Completion, SamplingSettings, WeightSpec
 
@@ -83,7 +83,10 @@ class VllmEngine:
         sleep_mode: bool = False,
         block_size: int | None = None,
         options: dict | None = None,
+        processes_output: str | None = None,
     ):
+        """processes_output: a file for everything the engine's processes print (None: this process's
+        console, as vLLM does)."""
         self.tokenizer = tokenizer
         kwargs = dict(
             model=model_path,
@@ -125,7 +128,8 @@ class VllmEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        with shard_threads(tensor_parallel_size):  # read by the processes the engine starts
+        # Read by the processes the engine starts: their threads, and where they print.
+        with shard_threads(tensor_parallel_size), children_print_to(processes_output):
             self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
 
     async def _start(self, args):

@@ -370,7 +370,12 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
             f"sampling {len(prompts)} prompts x {settings.n} with {settings.backend} (max {settings.max_tokens} tokens)"
         )
         t = time.perf_counter()
-        completions = generate(engine, prompts, settings)
+        try:
+            completions = generate(engine, prompts, settings)
+        finally:
+            # Stopped here, not at the interpreter's exit, where vLLM's output handler found its
+            # engine core gone and printed an EngineDeadError traceback after the results.
+            engine.shutdown()
         timings["timing/generate"] = time.perf_counter() - t
         tokens = sum(len(c.token_ids) for samples in completions for c in samples)
         timings["throughput/completion_tokens_per_s"] = tokens / max(timings["timing/generate"], 1e-9)
