@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 
 VERBOSE_ENV = "GRPO_RAY_VERBOSE"
@@ -63,6 +64,47 @@ def quiet_driver() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for name, level in _ROUTINE_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+
+
+def quiet_vllm_import() -> None:
+    """Before the first `import vllm` of a process that imports it only to ask it something (the
+    driver's check of rollout.vllm.engine_args): vLLM's import-time notices go nowhere, unless
+    --verbose. It warns before it configures its own logger ("Triton is installed, but doesn't
+    include CPU backend"), so Python's last-resort handler printed that on the console; and torch's
+    FutureWarnings from its modules. The engines' processes log theirs into their log files."""
+    if "vllm" in sys.modules or verbose():
+        return
+    logging.getLogger("vllm").addHandler(logging.NullHandler())
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
+
+
+class OneLine(logging.Formatter):
+    """A record as its one line, without the traceback (which its log file keeps): a library's
+    error on the console says what failed, the caller's own line says why and where to look."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        if self.usesTime():
+            record.asctime = self.formatTime(record, self.datefmt)
+        return self.formatMessage(record)
+
+
+class NotInto(logging.Filter):
+    """Passes records unless this process's stderr is `path` itself: a process whose output was
+    sent into its log file (children_print_to) would otherwise write its errors there twice."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+        self._passes: bool | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self._passes is None:
+            try:
+                self._passes = not os.path.samestat(os.fstat(2), os.stat(self.path))
+            except OSError:
+                self._passes = True
+        return self._passes
 
 
 @contextlib.contextmanager

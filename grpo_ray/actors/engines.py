@@ -81,21 +81,25 @@ def route_vllm_logs(log_file: str) -> None:
     and layerwise reload notes, the scheduler's pauses) into `log_file`, its errors to stderr as
     well: the console keeps the run's own lines. Through VLLM_LOGGING_CONFIG_PATH, which vLLM reads
     when it is first imported, here and in the engine's processes it spawns (they inherit the
-    environment): so before the first `import vllm` of the process. Plain logging classes only, so
-    that every supported vLLM reads the same configuration."""
+    environment): so before the first `import vllm` of the process. Logging's own classes and two
+    of grpo_ray.quiet's, which every supported vLLM's dictConfig builds alike."""
     path = Path(log_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     plain = {"format": "%(levelname)s %(asctime)s %(processName)s [%(filename)s:%(lineno)d] %(message)s"}
     config = {
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"plain": plain},
+        # On the console an error is its one line (the traceback is in the file), and none from the
+        # engine's own processes, whose stderr is the file itself (quiet.children_print_to).
+        "formatters": {"plain": plain, "one_line": {"()": "grpo_ray.quiet.OneLine", **plain}},
+        "filters": {"not_into_file": {"()": "grpo_ray.quiet.NotInto", "path": str(path)}},
         "handlers": {
             "file": {"class": "logging.FileHandler", "filename": str(path), "formatter": "plain", "level": "INFO"},
             "console": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
-                "formatter": "plain",
+                "formatter": "one_line",
+                "filters": ["not_into_file"],
                 "level": "ERROR",
             },
         },

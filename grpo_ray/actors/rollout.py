@@ -19,6 +19,7 @@ import numpy as np
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, episode_inputs, pack_episodes, pack_groups
 from grpo_ray.actors.slices import pack_slice
+from grpo_ray.actors.worker_errors import StaleWeightsError, end_process_soon, engine_died, log_size
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.transport.broadcast import ReceiveTally, device_identity
 from grpo_ray.transport.handoff import HandoffReceiver, RingHandle, check_ring
@@ -67,6 +68,8 @@ class RolloutWorker:
         self.name = f"rollout-{settings.index}"
         self.tokenizer = load_tokenizer(settings.tokenizer_path)
         model_path = resolve_model_path(settings.model_path)
+        self._log_start = log_size(settings.vllm_log_file)  # a dead engine's cause is looked for after this
+        self._sampled = 0  # sampling calls the engine answered (a death before any: a restart did not cure it)
         self.engine = build_engine(
             EngineSpec(
                 settings.backend,
@@ -125,7 +128,7 @@ class RolloutWorker:
             raise StaleWeightsError(self.settings.index, self.policy_version, expected_version)
         # The version the batch starts with labels its rows: a sync may land while it generates.
         version = self.policy_version
-        groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling)
+        groups = self._engine_call(self.engine.generate, [p.token_ids for p in prompts], sampling, samples=True)
         rows = [
             (group_offset + k, prompt, completion)
             for k, (prompt, completions) in enumerate(zip(prompts, groups))
@@ -155,7 +158,7 @@ class RolloutWorker:
         (actors/episodes.py), seeded by its place in the step: a share issued again is the same."""
         rows, seeds, turn = self._episode_inputs(prompts, group_offset, sampling, expected_version)
         version, g = self.policy_version, sampling.samples_per_prompt
-        episodes = self._engine_call(self.episodes.run, rows, seeds, self.engine.turns(turn))
+        episodes = self._engine_call(self.episodes.run, rows, seeds, self.engine.turns(turn), samples=True)
         entries = [(group_offset + k, prompts[k], episodes[k * g + j]) for k in range(len(prompts)) for j in range(g)]
         # Measured here, where every group is whole: a slice may hold part of a group (as in `generate`).
         diversity = {
@@ -367,34 +370,27 @@ class RolloutWorker:
         """Iterate an engine's stream as _engine_call calls a method (a dead engine ends the worker)."""
         while True:
             try:
-                item = self._engine_call(next, stream)
+                item = self._engine_call(next, stream, samples=True)
             except StopIteration:
                 return
             yield item
 
-    def _engine_call(self, method, *args):
-        """Call the engine; if its processes died, end this worker (one line naming it), so that Ray
-        restarts it with a fresh engine and the driver's recovery brings it to the current weights."""
+    def _engine_call(self, method, *args, samples: bool = False):
+        """Call the engine (`samples`: a generation, counted once answered; the weight probe's scoring
+        after a restart's sync is not one). If its processes died,
+        answer with why (EngineDiedError: the root cause from the engine's log) and end this worker
+        a moment later, so that Ray restarts it with a fresh engine; the driver's recovery brings it
+        to the current weights, or stops the run when the fresh engine dies of the same cause."""
         try:
-            return method(*args)
+            result = method(*args)
         except Exception as err:
             if getattr(self.engine, "dead", False):
-                print(
-                    f"{self.name}: its vLLM engine died ({type(err).__name__}); the worker exits so that Ray "
-                    "replaces it",
-                    file=sys.stderr,
-                    flush=True,
+                died = engine_died(
+                    self.settings.index, self.settings.vllm_log_file, self._log_start, self._sampled, err
                 )
-                os._exit(1)
+                print(f"{died}; the worker exits so that Ray replaces it", file=sys.stderr, flush=True)
+                end_process_soon()
+                raise died from None
             raise
-
-
-class StaleWeightsError(RuntimeError):
-    """A rollout worker was asked to sample with weights it does not hold (it was restarted)."""
-
-    def __init__(self, index: int, held: int, expected: int):
-        super().__init__(f"rollout-{index} holds weights version {held}, the run is at {expected}; it was restarted")
-        self.index, self.held, self.expected = index, held, expected
-
-    def __reduce__(self):  # Ray pickles it to the driver with its fields
-        return (StaleWeightsError, (self.index, self.held, self.expected))
+        self._sampled += samples
+        return result

