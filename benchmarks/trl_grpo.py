@@ -15,8 +15,8 @@ differ on, where exact match scores them all 0.
 For the real model's race (benchmarks/real_model_race.py): `--reward gsm8k` (grpo-ray's file again),
 `--eval-prompts FILE --eval-every K` evaluates greedy held-out accuracy before the first step and
 after every K-th, as grpo-ray's runs do (batched generate of `--eval-new-tokens`), each with the
-wall seconds since this process started (start-up included, as grpo-ray's run is timed from its
-launch), and `--lora R` trains a LoRA adapter of rank R (alpha 2R, on the attention and MLP
+wall seconds since `--clock-start` (the launch of this process, start-up included, as grpo-ray's
+run is timed from its launch), and `--lora R` trains a LoRA adapter of rank R (alpha 2R, on the attention and MLP
 projections, as grpo-ray's model.lora) instead of every weight.
 """
 
@@ -33,7 +33,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-STARTED = time.perf_counter()  # the process's start: the race's clock (start-up included)
+STARTED = time.time()  # the race's clock (start-up included): this process's start, or --clock-start
 REWARDS = Path(__file__).resolve().parents[1] / "grpo_ray" / "rewards"
 
 
@@ -49,8 +49,8 @@ class HeldOut(TrainerCallback):
     """Greedy held-out accuracy at the start and every `every` steps: [(seconds since the process
     started, step, accuracy)], in batches of `batch` prompts of `new_tokens` new tokens."""
 
-    def __init__(self, rows, tokenizer, score, every: int, new_tokens: int, batch: int = 50):
-        self.rows, self.tokenizer, self.score = rows, tokenizer, score
+    def __init__(self, rows, tokenizer, score, every: int, new_tokens: int, clock_start: float, batch: int = 50):
+        self.rows, self.tokenizer, self.score, self.clock_start = rows, tokenizer, score, clock_start
         self.every, self.new_tokens, self.batch = every, new_tokens, batch
         self.curve: list[tuple[float, int, float]] = []
         self.seconds = 0.0  # spent evaluating
@@ -71,7 +71,7 @@ class HeldOut(TrainerCallback):
         scores = self.score(texts, [r["prompt"] for r in self.rows], [r["answer"] for r in self.rows])
         accuracy = sum(s or 0.0 for s in scores) / len(scores)
         self.seconds += time.perf_counter() - started
-        self.curve.append((time.perf_counter() - STARTED, step, accuracy))
+        self.curve.append((time.time() - self.clock_start, step, accuracy))
         print(f"trl step {step}: held-out accuracy {accuracy:.3f} at {self.curve[-1][0]:.0f} s", flush=True)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -121,6 +121,7 @@ def main() -> None:
     parser.add_argument("--eval-new-tokens", type=int, default=16)
     parser.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--clock-start", type=float, default=STARTED, help="the curve's time 0 (unix seconds)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -195,7 +196,7 @@ def main() -> None:
     held_out = None
     if args.eval_prompts:
         eval_rows = [json.loads(line) for line in Path(args.eval_prompts).read_text().splitlines()]
-        held_out = HeldOut(eval_rows, tokenizer, score, args.eval_every, args.eval_new_tokens)
+        held_out = HeldOut(eval_rows, tokenizer, score, args.eval_every, args.eval_new_tokens, args.clock_start)
         callbacks.append(held_out)
     trainer = GRPOTrainer(
         model=model,

@@ -17,10 +17,9 @@ A sample the reward could not score (None) counts as 0 and is counted in `failur
 `samples.jsonl` under --output-dir holds every sample; one MLflow run holds the settings (params)
 and `eval/<source>/avg_at_<k>`, `eval/<source>/pass_at_<k>`: MLflow refuses "@" in metric names.
 
-`--yarn-factor F` evaluates with YaRN rope scaling over the model's own context length
-(`original_max_position_embeddings` = its `max_position_embeddings`), without touching the
-checkpoint: hf loads the config, sets the rope fields and builds the model from it; vLLM gets the
-same fields through `hf_overrides`.
+`--yarn-factor F` evaluates with YaRN rope scaling over the model's own context length (the original
+`max_position_embeddings`), without touching the checkpoint: hf builds the model from its config
+with the rope fields set, vLLM gets the same fields through `hf_overrides`.
 """
 
 from __future__ import annotations
@@ -29,12 +28,12 @@ import json
 import re
 import sys
 import time
-
-import numpy as np
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from grpo_ray.actors.engines import EngineSpec, build_engine
 from grpo_ray.config import ConfigError
@@ -247,10 +246,8 @@ def _guarded(load: Callable, name: str) -> Callable:
 
 
 def loaded_rope(engine) -> dict[str, Any] | None:
-    """The rope settings of the model the engine runs."""
-    if hasattr(engine, "model"):  # hf
-        return model_rope(engine.model.config)
-    return model_rope(engine.hf_config)
+    """The rope settings of the model the engine runs (hf: its model's config)."""
+    return model_rope(engine.model.config if hasattr(engine, "model") else engine.hf_config)
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -372,9 +369,7 @@ def evaluate(settings: EvalSettings, log: Callable[[str], None] = print) -> Eval
         t = time.perf_counter()
         try:
             completions = generate(engine, prompts, settings)
-        finally:
-            # Stopped here, not at the interpreter's exit, where vLLM's output handler found its
-            # engine core gone and printed an EngineDeadError traceback after the results.
+        finally:  # not at the interpreter's exit, where vLLM's output handler printed EngineDeadError
             engine.shutdown()
         timings["timing/generate"] = time.perf_counter() - t
         tokens = sum(len(c.token_ids) for samples in completions for c in samples)

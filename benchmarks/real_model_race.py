@@ -1,0 +1,264 @@
+"""A real pretrained model learning, grpo-ray beside TRL: held-out accuracy against wall-clock time.
+
+    bash scripts/setup.sh && bash benchmarks/setup_trl.sh
+    .venv/bin/python benchmarks/real_model_race.py --json benchmarks/results/real_model_race.json
+
+SmolLM2-135M-Instruct (the built-in smollm2-135m) on its task (two-digit sums asked in words, 200
+held out, greedy 8% at the start), trained by configs/smollm2-arithmetic.yaml with grpo-ray's hf
+engine and its vllm engine, and by TRL's GRPOTrainer with the same model, prompts (the chat-templated
+token ids grpo-ray samples from), reward (grpo-ray's gsm8k file), batch (8 prompts x 8 samples of at
+most 16 tokens, temperature 1), learning rate, loss (token-mean, clip 0.2, no KL, one pass) and
+evaluation (greedy, 16 tokens, the 200 held-out problems before the first step and every
+--eval-every steps). Each side runs alone on the machine, one after another, each timed from its
+launch, start-up included. With --lora, the same with a LoRA adapter (rank 16 on q, k, v, o) on
+grpo-ray's hf engine and on TRL.
+
+Writes the curves, each side's seconds per step and samples/s, and the seconds each took to reach
+--target held-out accuracy (and to the best accuracy TRL reached) as JSON, and a chart and a
+table beside it (real_model_race.png, .md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RECIPE = ROOT / "configs" / "smollm2-arithmetic.yaml"
+TRL_PYTHON = HERE / ".venv-trl" / "bin" / "python"
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def prepare_prompts(work: Path) -> tuple[str, Path, Path]:
+    """The model's folder, and its training and held-out prompts as chat-templated text that
+    re-tokenises to exactly the token ids grpo-ray samples from (TRL's side reads these)."""
+    from grpo_ray.data.loaders import load_rows
+    from grpo_ray.data.prompts import tokenize_prompts
+    from grpo_ray.models.loading import load_tokenizer, resolve_model_path
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    paths = []
+    for split in ("train", "heldout"):
+        prompts = tokenize_prompts(load_rows(f"smollm2-135m:{split}")[0], tokenizer, 64, True).prompts
+        path = work / f"{split}.jsonl"
+        with path.open("w") as f:
+            for prompt in prompts:
+                text = tokenizer.decode(prompt.token_ids)
+                if list(tokenizer(text, add_special_tokens=False).input_ids) != list(prompt.token_ids):
+                    sys.exit(
+                        f"error: prompt {prompt.uid} does not re-tokenise to the same ids; the race would be unfair"
+                    )
+                f.write(json.dumps({"prompt": text, "answer": prompt.answer}) + "\n")
+        paths.append(path)
+    return resolve_model_path("smollm2-135m"), paths[0], paths[1]
+
+
+def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every: int) -> dict:
+    """Train the recipe with these overrides; the held-out curve from MLflow, timed from the launch."""
+    out = work / name
+    args = [f"output_dir={out}", f"train.steps={steps}", f"train.eval_every={eval_every}", *sets]
+    command = [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE)] + [a for s in args for a in ("--set", s)]
+    launched = time.time()
+    with (work / f"{name}.log").open("w") as log:
+        done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.time() - launched
+    if done.returncode != 0:
+        sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
+    (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
+
+    def history(key: str):
+        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+
+    curve = [(m.timestamp / 1000 - launched, m.step, m.value) for m in history("eval/accuracy")]
+    step_seconds = [m.value for m in history("timing/step")]
+    steady = step_seconds[2:] or step_seconds
+    per_step = sum(steady) / len(steady)
+    return {"curve": curve, "seconds_per_step": per_step, "samples_per_s": 64 / per_step, "wall_seconds": wall}
+
+
+def trl_side(
+    name: str, work: Path, model: str, train: Path, heldout: Path, steps: int, eval_every: int, lr: float, lora: int
+) -> dict:
+    result = work / f"{name}.json"
+    command = [
+        str(TRL_PYTHON), str(HERE / "trl_grpo.py"), "--model", model, "--prompts", str(train),
+        "--eval-prompts", str(heldout), "--eval-every", str(eval_every), "--eval-new-tokens", "16",
+        "--reward", "gsm8k", "--steps", str(steps), "--warmup-steps", "2", "--prompts-per-step", "8",
+        "--generations", "8", "--max-new-tokens", "16", "--micro-batch", "64", "--lr", str(lr),
+        "--lora", str(lora), "--output-dir", str(work / f"{name}-out"), "--json", str(result),
+        "--clock-start", str(time.time()),
+    ]  # fmt: skip
+    launched = time.time()
+    with (work / f"{name}.log").open("w") as log:
+        done = subprocess.run(
+            command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1")
+        )
+    if done.returncode != 0:
+        sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
+    found = json.loads(result.read_text())
+    return {
+        "curve": [tuple(point) for point in found["curve"]],
+        "seconds_per_step": found["seconds_per_step"],
+        "samples_per_s": found["samples_per_s"],
+        "wall_seconds": time.time() - launched,
+        "trl_version": found["trl_version"],
+    }
+
+
+def seconds_to(curve: list, target: float) -> float | None:
+    """Seconds since the launch at the first evaluation that reached `target`; None if none did."""
+    return next((seconds for seconds, _, accuracy in curve if accuracy >= target - 1e-9), None)
+
+
+def summarize(sides: dict, target: float, pairs: list[tuple[str, str]]) -> dict:
+    """Each side's time to `target`, and for each (grpo-ray side, TRL side) pair the ratio of their
+    times to the target and to the best accuracy the TRL side reached."""
+    for side in sides.values():
+        side["start_accuracy"] = side["curve"][0][2]
+        side["best_accuracy"] = max(a for _, _, a in side["curve"])
+        side["seconds_to_target"] = seconds_to(side["curve"], target)
+    races = {}
+    for ours, theirs in pairs:
+        best = sides[theirs]["best_accuracy"]
+        to_best = (seconds_to(sides[ours]["curve"], best), seconds_to(sides[theirs]["curve"], best))
+        to_target = (sides[ours]["seconds_to_target"], sides[theirs]["seconds_to_target"])
+        races[f"{ours} vs {theirs}"] = {
+            "target": target,
+            "seconds_to_target": to_target,
+            "sooner_to_target": to_target[1] / to_target[0] if None not in to_target else None,
+            "trl_best": best,
+            "seconds_to_trl_best": to_best,
+            "sooner_to_trl_best": to_best[1] / to_best[0] if None not in to_best else None,
+            "samples_per_s_ratio": sides[ours]["samples_per_s"] / sides[theirs]["samples_per_s"],
+        }
+    return races
+
+
+def markdown(found: dict) -> str:
+    lines = [
+        f"# SmolLM2-135M-Instruct learning, grpo-ray beside TRL ({found['date']}, {found['machine']})",
+        "",
+        "| side | held-out accuracy: start -> best | seconds to {:.0%} | s/step | samples/s |".format(found["target"]),
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, side in found["sides"].items():
+        reached = side["seconds_to_target"]
+        lines.append(
+            f"| {name} | {side['start_accuracy']:.3f} -> {side['best_accuracy']:.3f} | "
+            f"{'%.0f' % reached if reached is not None else 'not reached'} | {side['seconds_per_step']:.1f} | "
+            f"{side['samples_per_s']:.2f} |"
+        )
+    lines += [
+        "",
+        "| race | to the target, sooner by | to TRL's best, sooner by | samples/s ratio |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, race in found["races"].items():
+        fmt = lambda x: f"{x:.2f}x" if x is not None else "n/a"  # noqa: E731
+        lines.append(
+            f"| {name} | {fmt(race['sooner_to_target'])} | {fmt(race['sooner_to_trl_best'])} "
+            f"({race['trl_best']:.3f}) | {race['samples_per_s_ratio']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def chart(found: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, side in found["sides"].items():
+        seconds, _, accuracy = zip(*side["curve"])
+        ax.plot([s / 60 for s in seconds], accuracy, marker="o", label=name, linestyle="--" if "TRL" in name else "-")
+    ax.axhline(found["target"], color="grey", linewidth=0.8)
+    ax.set_xlabel("minutes since launch (start-up included)")
+    ax.set_ylabel("held-out accuracy (greedy, 200 problems)")
+    ax.set_title(f"SmolLM2-135M-Instruct on two-digit sums, {found['machine']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy whose time is compared")
+    parser.add_argument("--lr", type=float, default=5e-6, help="full fine-tuning's learning rate (the recipe's)")
+    parser.add_argument("--lora", action="store_true", help="also the LoRA sides (rank 16), at --lora-lr")
+    parser.add_argument("--lora-lr", type=float, default=1e-4)
+    parser.add_argument("--sides", default="grpo-ray hf,grpo-ray vllm,TRL", help="comma-separated, in run order")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
+    args = parser.parse_args()
+    if not TRL_PYTHON.exists():
+        sys.exit("error: TRL's environment is missing; run bash benchmarks/setup_trl.sh first")
+    work = args.work or Path(tempfile.mkdtemp(prefix="real-model-race-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model, train, heldout = prepare_prompts(work)
+    lora_sets = ["model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32", f"learner.lr={args.lora_lr}"]
+    plans = {
+        "grpo-ray hf": lambda: grpo_ray_side("grpo-hf", work, ["rollout.backend=hf"], args.steps, args.eval_every),
+        "grpo-ray vllm": lambda: grpo_ray_side(
+            "grpo-vllm", work, ["rollout.backend=vllm"], args.steps, args.eval_every
+        ),
+        "TRL": lambda: trl_side("trl", work, model, train, heldout, args.steps, args.eval_every, args.lr, 0),
+        "grpo-ray hf LoRA": lambda: grpo_ray_side(
+            "grpo-hf-lora", work, ["rollout.backend=hf", *lora_sets], args.steps, args.eval_every
+        ),
+        "TRL LoRA": lambda: trl_side(
+            "trl-lora", work, model, train, heldout, args.steps, args.eval_every, args.lora_lr, 16
+        ),
+    }
+    names = [n.strip() for n in args.sides.split(",")] + (["grpo-ray hf LoRA", "TRL LoRA"] if args.lora else [])
+    sides = {}
+    for name in names:
+        started = time.perf_counter()
+        sides[name] = plans[name]()
+        best = max(a for _, _, a in sides[name]["curve"])
+        print(f"{name}: {time.perf_counter() - started:.0f} s, held-out best {best:.3f}", flush=True)
+    pairs = [(ours, "TRL") for ours in ("grpo-ray hf", "grpo-ray vllm") if ours in sides and "TRL" in sides]
+    if "grpo-ray hf LoRA" in sides and "TRL LoRA" in sides:
+        pairs.append(("grpo-ray hf LoRA", "TRL LoRA"))
+    found = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores, no GPU",
+        "model": "smollm2-135m (SmolLM2-135M-Instruct, float32)",
+        "settings": {
+            "steps": args.steps,
+            "eval_every": args.eval_every,
+            "lr": args.lr,
+            "lora_lr": args.lora_lr,
+            "prompts_per_step": 8,
+            "samples_per_prompt": 8,
+            "max_new_tokens": 16,
+            "lora": "rank 16, alpha 32, q/k/v/o",
+        },  # fmt: skip
+        "target": args.target,
+        "sides": sides,
+        "races": summarize(sides, args.target, pairs),
+    }
+    table = markdown(found)
+    print(table)
+    out = args.json.parent if args.json else HERE / "results"
+    (out / "real_model_race.md").write_text(table)
+    chart(found, out / "real_model_race.png")
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
