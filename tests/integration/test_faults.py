@@ -378,7 +378,8 @@ def test_an_engine_crash_a_restart_cannot_cure_stops_the_run_at_once_with_its_ro
     assert f"rollout-0: its vLLM engine died: {cause}; the engine's log: {log}" in done.stdout, done.stdout[-3000:]
     assert f"its vLLM engine had died: {cause}" in done.stdout
     # The second, of the same cause before the fresh engine sampled anything: the run's one error line.
-    assert done.stdout.rstrip().splitlines()[-1].startswith(
+    last_line = done.stdout.rstrip().splitlines()[-1]
+    assert last_line.startswith(
         "error: rollout-0: its vLLM engine died of the same cause again after a restart, before sampling "
         f"anything, so a restart cannot cure it: {cause}; the engine's log: {log};"
     ), done.stdout[-3000:]
