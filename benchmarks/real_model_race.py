@@ -77,11 +77,13 @@ GPU_SETS = [
 ]
 
 
-def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every: int) -> dict:
+def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every: int, gpu: bool = False) -> dict:
     """Train the recipe with these overrides; the held-out curve from MLflow, timed from the launch."""
     out = work / name
     args = [f"output_dir={out}", f"train.steps={steps}", f"train.eval_every={eval_every}", *sets]
-    args.append(f"tracking.tracking_uri=file://{out / 'mlruns'}")  # the GPU machine's MLflow has no sqlite
+    # The recipe's sqlite store; the GPU machine's MLflow has none: its files there.
+    tracking = f"file://{out / 'mlruns'}" if gpu else f"sqlite:///{out / 'mlflow.db'}"
+    args.append(f"tracking.tracking_uri={tracking}")
     command = [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE)] + [a for s in args for a in ("--set", s)]
     launched = time.time()
     with (work / f"{name}.log").open("w") as log:
@@ -91,7 +93,8 @@ def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every
         sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"file://{out / 'mlruns'}")
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x only reads a file store when asked
+    client = MlflowClient(tracking)
     experiment = client.get_experiment_by_name("grpo-ray").experiment_id
     (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
 
@@ -246,7 +249,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--target", type=float, default=0.5, help="held-out accuracy whose time is compared")
-    parser.add_argument("--lr", type=float, default=5e-6, help="full fine-tuning's learning rate (the recipe's)")
+    parser.add_argument("--lr", type=float, default=1e-5, help="full fine-tuning's learning rate (the recipe's)")
     parser.add_argument("--lora", action="store_true", help="also the LoRA sides (rank 16), at --lora-lr")
     parser.add_argument("--lora-lr", type=float, default=1e-4)
     parser.add_argument("--sides", default="grpo-ray hf,grpo-ray vllm,TRL", help="comma-separated, in run order")
@@ -255,6 +258,7 @@ def main() -> None:
     )
     parser.add_argument("--trl-python", default=str(TRL_PYTHON), help="TRL's Python (a GPU machine: python3)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--reuse", action="store_true", help="keep the sides --work already holds a result of")
     parser.add_argument(
         "--render",
         type=Path,
@@ -272,11 +276,17 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="real-model-race-"))
     work.mkdir(parents=True, exist_ok=True)
     model, train, heldout = prepare_prompts(work)
+    lr = f"learner.lr={args.lr}"  # both sides' (the recipe's own: 1e-5)
     lora_sets = ["model.lora.enabled=true", "model.lora.rank=16", "model.lora.alpha=32", f"learner.lr={args.lora_lr}"]
     plans = {
-        "grpo-ray hf": lambda: grpo_ray_side("grpo-hf", work, ["rollout.backend=hf"], args.steps, args.eval_every),
+        "grpo-ray hf": lambda: grpo_ray_side("grpo-hf", work, ["rollout.backend=hf", lr], args.steps, args.eval_every),
         "grpo-ray vllm": lambda: grpo_ray_side(
-            "grpo-vllm", work, GPU_SETS if args.gpu else ["rollout.backend=vllm"], args.steps, args.eval_every
+            "grpo-vllm",
+            work,
+            [*(GPU_SETS if args.gpu else ["rollout.backend=vllm"]), lr],
+            args.steps,
+            args.eval_every,
+            args.gpu,
         ),
         "TRL": lambda: trl_side(
             "trl", work, model, train, heldout, args.steps, args.eval_every, args.lr, 0, args.gpu, trl_python
@@ -292,7 +302,9 @@ def main() -> None:
     sides = {}
     for name in names:
         started = time.perf_counter()
-        sides[name] = plans[name]()
+        kept = work / f"{name.replace(' ', '-')}.side.json"  # each side's result as it ends: --reuse takes it
+        sides[name] = json.loads(kept.read_text()) if args.reuse and kept.exists() else plans[name]()
+        kept.write_text(json.dumps(sides[name]))
         best = max(a for _, _, a in sides[name]["curve"])
         print(f"{name}: {time.perf_counter() - started:.0f} s, held-out best {best:.3f}", flush=True)
     pairs = [(ours, "TRL") for ours in ("grpo-ray hf", "grpo-ray vllm") if ours in sides and "TRL" in sides]

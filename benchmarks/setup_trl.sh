@@ -12,5 +12,5 @@ fi
 pip install -q --upgrade pip
 # The same CPU torch as grpo-ray's environment, so both sides run the same kernels.
 pip install -q "torch==2.13.0"
-pip install -q "trl==${TRL_VERSION:-1.16.0}" "transformers<5.20" datasets accelerate
+pip install -q "trl==${TRL_VERSION:-1.16.0}" "transformers<5.20" datasets accelerate "peft==0.21.2"
 python -c "import trl, torch, transformers; print('TRL environment ready: trl', trl.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"

