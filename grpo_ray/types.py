@@ -40,6 +40,9 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = -1
     seed: int = 0
+    # Episodes: each row keeps its conversation (RolloutSlice.messages), for a sample table or an
+    # evaluation's samples; off on the steps that log none, whose slices then carry no text beyond the answer.
+    keep_messages: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,10 @@ class RolloutSlice:
     # [N, T] float32, episodes with per-turn credit (environment.reward_per_turn) only: the weighted
     # environment reward earned before each model token's turn, which its advantage leaves out.
     reward_before: np.ndarray | None = None
+    # [N] episodes sampled with SamplingSettings.keep_messages only: each row's conversation, the
+    # environment's first messages then every model turn ("assistant") and reply ("tool", "user") in
+    # order; a row without one (a rescued completion, a part without them) is None. None: no row has one.
+    messages: list[list[dict] | None] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -109,6 +116,7 @@ class RolloutSlice:
             policy_versions=self.policy_versions[rows],
             group_diversity=self.group_diversity[rows],
             reward_before=None if self.reward_before is None else self.reward_before[rows],
+            messages=None if self.messages is None else pick(self.messages),
         )
 
     @staticmethod
@@ -140,6 +148,9 @@ class RolloutSlice:
             reward_before=None
             if all(p.reward_before is None for p in parts)
             else pad_and_stack([p.token_rewards_before() for p in parts], 0.0),
+            messages=None
+            if all(p.messages is None for p in parts)
+            else [m for p in parts for m in (p.messages or [None] * p.num_rows)],
         )
 
     def token_rewards_before(self) -> np.ndarray:

@@ -79,6 +79,9 @@ class Episode:
     context_tokens: int = 0  # its turns' contexts together (what a turn without any cache computes first)
     turn_seed: int = 0
     key: int = 0  # its instance's key in the environment pool (unique across calls)
+    # The conversation as the environment saw it: its first messages, each model turn ("assistant",
+    # the text step() read), each reply; packed into the slice only when asked (SamplingSettings.keep_messages).
+    messages: list[dict] = field(default_factory=list)
 
 
 class EpisodeRunner:
@@ -166,6 +169,7 @@ class EpisodeRunner:
         episode.answer = (
             turn.text if len(ids) == len(turn.token_ids) else self.tokenizer.decode(ids, skip_special_tokens=True)
         )
+        episode.messages.append({"role": "assistant", "content": episode.answer})
         # Out of budget, or of turns: the episode ends here. A turn cut by rollout.max_new_tokens
         # alone goes to the environment as written, which decides (as it would a human's).
         out_of_budget = len(ids) < len(turn.token_ids) or episode.tokens.length >= self.settings.max_episode_tokens
@@ -191,6 +195,7 @@ class EpisodeRunner:
         if reply.op == "reset":
             messages, tools = reply.value
             episode.tokens.prompt = self.render(messages, True, tools)
+            episode.messages = list(messages)
             episode.state = "generate"
         elif reply.op == "step":
             self._after_step(episode, reply.value)
@@ -201,6 +206,7 @@ class EpisodeRunner:
 
     def _after_step(self, episode: Episode, step) -> None:
         episode.reward += step.reward
+        episode.messages += step.messages
         for name, count in step.counts.items():
             episode.counts[name] = episode.counts.get(name, 0) + count
         if step.done:
@@ -256,10 +262,12 @@ def pack_episodes(
     policy_version: int,
     diversity: dict[int, float],
     turn_credit: float = 0.0,
+    keep_messages: bool = False,
 ) -> RolloutSlice:
     """(group id, prompt, episode) rows as a RolloutSlice: one row per episode, its tokens exact
     (envs/episode.py), its last answer the completion the reward functions score. turn_credit > 0
-    (EpisodeSettings): each model token's `reward_before`, turn_credit x what its turn did not earn."""
+    (EpisodeSettings): each model token's `reward_before`, turn_credit x what its turn did not earn.
+    keep_messages (SamplingSettings.keep_messages): each row's conversation goes along (`messages`)."""
     arrays = [episode.tokens.arrays() for _, _, episode in rows]
     width = max(len(ids) for ids, _, _ in arrays)
     n = len(rows)
@@ -287,6 +295,7 @@ def pack_episodes(
         policy_versions=np.full(n, policy_version, dtype=np.int64),
         group_diversity=np.array([diversity[g] for g, _, _ in rows], dtype=np.float64),
         reward_before=_reward_before(rows, width, turn_credit) if turn_credit else None,
+        messages=[list(e.messages) for _, _, e in rows] if keep_messages else None,
     )
 
 
@@ -316,8 +325,9 @@ def pack_groups(
     pad_id: int,
     policy_version: int,
     turn_credit: float,
+    keep_messages: bool = False,
 ) -> RolloutSlice:
     """(k, prompt k's episodes) as one slice of whole groups, group ids offset by `group_offset`."""
     entries = [(group_offset + k, prompts[k], episode) for k, episodes in groups for episode in episodes]
     diversity = {group_offset + k: group_distinct_ratio([e.answer for e in episodes]) for k, episodes in groups}
-    return pack_episodes(entries, pad_id, policy_version, diversity, turn_credit)
+    return pack_episodes(entries, pad_id, policy_version, diversity, turn_credit, keep_messages)

@@ -166,9 +166,9 @@ class RolloutWorker:
             for k in range(len(prompts))
         }
         per_slice = len(entries) // num_slices
-        pad, credit = self.tokenizer.pad_token_id, self.settings.environment.turn_credit
+        pad, credit, keep = self.tokenizer.pad_token_id, self.settings.environment.turn_credit, sampling.keep_messages
         slices = tuple(
-            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity, credit)
+            pack_episodes(entries[i * per_slice : (i + 1) * per_slice], pad, version, diversity, credit, keep)
             for i in range(num_slices)
         )
         return slices[0] if num_slices == 1 else slices
@@ -189,7 +189,7 @@ class RolloutWorker:
         version = self.policy_version
         stream = self.episodes.stream(rows, seeds, self.engine.turns(turn), sampling.samples_per_prompt, stop)
         for groups in self._in_chunks(stream, groups_per_chunk, stop):
-            yield self._episode_slice(groups, prompts, group_offset, version)
+            yield self._episode_slice(groups, prompts, group_offset, version, sampling.keep_messages)
 
     def _episode_inputs(
         self, prompts: list[Prompt], group_offset: int, sampling: SamplingSettings, expected_version: int | None
@@ -201,10 +201,10 @@ class RolloutWorker:
         return episode_inputs(prompts, group_offset, sampling)
 
     def _episode_slice(
-        self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, version: int
+        self, groups: list[tuple[int, list]], prompts: list[Prompt], group_offset: int, version: int, keep: bool
     ) -> RolloutSlice:
         credit = self.settings.environment.turn_credit
-        return pack_groups(groups, prompts, group_offset, self.tokenizer.pad_token_id, version, credit)
+        return pack_groups(groups, prompts, group_offset, self.tokenizer.pad_token_id, version, credit, keep)
 
     def generate_chunks(
         self,

@@ -2,7 +2,7 @@
 
     builder = BatchBuilder(cfg, workers, stream, recovery, policy_version=lambda: sync.version)
     batch = builder.next_batch(sampling, timer)   # StepBatch; batch.train is None: skip the step
-    builder.prefetch(sampling, 1)                 # pipelined rollout: the next step's batch starts now
+    builder.prefetch(sampling_for, 1)             # pipelined rollout: the next step's batch starts now
 
 In order, each a config switch:
 1. sample: prompts_per_step prompts drawn with their seed and handed to the rollout service
@@ -102,11 +102,12 @@ class BatchBuilder:
         self.last_batch: StepBatch | None = None  # for the sample tables
         self.unused_groups = 0  # this step's groups a streamed rollout stopped without (dynamic sampling)
 
-    def prefetch(self, sampling: SamplingSettings, count: int) -> None:
+    def prefetch(self, sampling_for: Callable[[int], SamplingSettings], count: int) -> None:
         """Start the next `count` steps' first generation batches now, with the weights the workers
-        hold, so that they run while the learner updates (pipelined rollout)."""
+        hold, so that they run while the learner updates (pipelined rollout). sampling_for(k): the
+        sampling of the step k steps after the current one (the k-th batch queued)."""
         for _ in range(count):
-            self.pending.append(self._start(sampling, group_offset=0))
+            self.pending.append(self._start(sampling_for(len(self.pending) + 1), group_offset=0))
 
     def ahead(self) -> tuple[int, int]:
         """(batches started ahead, how many of them have finished generating), without waiting: read

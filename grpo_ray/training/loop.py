@@ -66,8 +66,8 @@ from grpo_ray.training.opening import (
     report_yardstick,
 )
 from grpo_ray.training.resume import already_finished, checkpoint, restore, resume_hint
-from grpo_ray.training.rows import sample_rows
 from grpo_ray.training.run import PhaseTimer, Progress, Run, TrainResult
+from grpo_ray.training.sample_table import sample_rows
 from grpo_ray.training.update import group_advantages, kl_reward_penalty, learner_payloads, run_update, turn_slopes
 from grpo_ray.types import SamplingSettings
 
@@ -241,7 +241,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     cfg, workers = run.cfg, run.workers
     timer = PhaseTimer()
     started = time.perf_counter()
-    sampling = _sampling(cfg, stage)
+    sampling = _sampling(cfg, stage, step)
     # Rollout and scoring (more batches with dynamic sampling), then rescue and substitution.
     batch = run.builder.next_batch(sampling, timer)
     if batch.train is None:  # the loop counts it; the step's metrics say how many came before it
@@ -280,7 +280,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             step,
             stage.temperature,
             float(stage.max_new_tokens),
-            while_running=lambda: run.builder.prefetch(sampling, room),
+            while_running=lambda: run.builder.prefetch(lambda ahead: _sampling(cfg, stage, step + ahead), room),
             kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None,
             slopes=slopes,
         )
@@ -299,14 +299,17 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
     return {**metrics, **batch.metrics, **extra}
 
 
-def _sampling(cfg: Config, stage: StagePlan) -> SamplingSettings:
-    """How this stage samples the G completions of a prompt."""
+def _sampling(cfg: Config, stage: StagePlan, step: int) -> SamplingSettings:
+    """How this stage samples the G completions of a prompt for `step`; episodes keep their
+    conversations for the steps that log a sample table (tracking.samples_every)."""
+    every = cfg.tracking.samples_every
     return SamplingSettings(
         samples_per_prompt=cfg.rollout.samples_per_prompt,
         max_new_tokens=stage.max_new_tokens,
         temperature=stage.temperature,
         top_p=stage.top_p,
         top_k=cfg.rollout.top_k,
+        keep_messages=bool(every) and step % every == 0,
     )
 
 

@@ -152,6 +152,7 @@ def _with_completion(batch: RolloutSlice, row: int, response: KeptResponse, pad_
         reward_before=before,
         completions=swap(batch.completions, response.text),
         finish_reasons=swap(batch.finish_reasons, response.finish_reason),
+        messages=None if batch.messages is None else swap(batch.messages, None),  # a kept response has none
     )
 
 
@@ -301,20 +302,6 @@ def read_responses(
 ) -> list[KeptResponse]:
     """Cut the given rows' completions out of a slice (run beside the slice, for the rescue buffer)."""
     return [read_response(batch, row, reward, per_function) for row, (reward, per_function) in zip(rows, scores)]
-
-
-def sample_rows(batch: RolloutSlice, count: int, rewards: list[float]) -> list[dict]:
-    """The first `count` rows of a slice as table rows (prompt, completion, answer, reward)."""
-    return [
-        {
-            "prompt": batch.prompts[i],
-            "completion": batch.completions[i],
-            "answer": batch.answers[i],
-            "reward": rewards[i],
-            "finish_reason": batch.finish_reasons[i],
-        }
-        for i in range(min(count, batch.num_rows))
-    ]
 
 
 def assemble_slices(plan: SliceAssembly, pad_id: int, *slices: RolloutSlice) -> RolloutSlice:

@@ -128,6 +128,11 @@ def test_an_episode_is_exact_and_its_log_probs_are_the_learners(engine, tmp_path
         # Two turns whatever the model wrote: the environment ends the episode after its second step.
         assert episode.error is None and episode.tokens.turns == 2
         assert episode.reward == pytest.approx(0.25 * 2 + 1.0)
+        # The conversation as the environment saw it, in order (what a sample table shows).
+        assert [m["role"] for m in episode.messages] == ["user", "assistant", "user", "assistant", "user"]
+        assert [m["content"] for m in episode.messages[2::2]] == ["again 1", "again 2"]
+        assert episode.messages[0]["content"] == rows[episodes.index(episode)]["prompt"]
+        assert episode.messages[3]["content"] == episode.answer
         ids, mask, rollout = episode.tokens.arrays()
         # The replies' tokens are context: the text "again 1" sits between the two turns, unmasked.
         assert "again 1" in tokenizer.decode(ids[(mask == 0) & (np.arange(len(ids)) >= len(episode.tokens.prompt))])
