@@ -210,43 +210,61 @@ def rewards_score(config: str, data: str, output: str | None, overrides: tuple[s
         click.echo(f"wrote {output}")
 
 
-@main.command("eval")
-@click.option("--model", required=True, help="Hub id, local folder, or a built-in: tiny, tiny-tools, smollm2-135m.")
-@click.option(
-    "--data",
-    "data",
-    required=True,
-    multiple=True,
-    help="Benchmark file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); "
-    "repeatable.",
+REWARD_SPECS, DTYPES = "a built-in name, module:function or file.py:function.", ["float32", "bfloat16", "float16"]
+# The options eval and sweep-temperature share, in this order after their own.
+SAMPLING_OPTIONS = (
+    click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens."),
+    click.option("--top-p", default=1.0, show_default=True, type=float),
+    click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"])),
+    click.option("--reward", default="math", show_default=True, help="Reward spec: " + REWARD_SPECS),
+    click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file."),
+    click.option("--dtype", default="float32", show_default=True, type=click.Choice(DTYPES)),
+    click.option("--seed", default=0, show_default=True, type=int),
+    click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir."),
 )
+MODEL_HELP = "Hub id, local folder, or a built-in: tiny, tiny-tools, smollm2-135m."
+DATA_HELP = "file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); repeatable."
+
+
+def sampling_options(command: Callable) -> Callable:
+    for option in reversed(SAMPLING_OPTIONS):
+        command = option(command)
+    return command
+
+
+@main.command("eval")
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    help="A recipe: evaluate as its run does, on its held-out prompts with its sampling, rewards and environment "
+    "(each sample an episode); the options given set its fields (--model: model.path, --n: train.eval_samples, ...).",
+)
+@click.option("--model", help=MODEL_HELP)
+@click.option("--data", "data", multiple=True, help="Benchmark " + DATA_HELP)
 @click.option("--n", "n", default=1, show_default=True, type=int, help="Samples per prompt (k of avg@k and pass@k).")
 @click.option(
     "--temperature", default=1.0, show_default=True, type=float, help="Sampling temperature; 0 is greedy (with --n 1)."
 )
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
-@click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
-@click.option(
-    "--reward",
-    default="math",
-    show_default=True,
-    help="Reward spec: a built-in name, module:function or file.py:function.",
-)
+@sampling_options
 @click.option("--yarn-factor", default=None, type=float, help="Evaluate with YaRN rope scaling by this factor.")
 @click.option("--output-dir", default="runs/eval", show_default=True, type=click.Path(file_okay=False))
-@click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file.")
-@click.option("--seed", default=0, show_default=True, type=int)
+@OVERRIDES
 @one_line_errors
-def eval_command(**options) -> None:
-    """Sample completions on benchmark files and report avg@k and pass@k per data source."""
+def eval_command(config: str | None, overrides: tuple[str, ...], **options) -> None:
+    """Sample completions on benchmark files and report avg@k and pass@k per data source; or, with
+    --config, a recipe's held-out accuracy and episode figures as its run measures them."""
     from grpo_ray.commands.evaluate import EvalSettings, evaluate
     from grpo_ray.quiet import quiet_driver
 
-    quiet_driver()
+    if config is not None:  # commands/evaluate_recipe.py: the options typed set the recipe's fields
+        from grpo_ray.commands.evaluate_recipe import run_recipe_eval
 
+        source = click.get_current_context().get_parameter_source
+        given = {name: v for name, v in options.items() if source(name).name not in ("DEFAULT", "DEFAULT_MAP")}
+        return run_recipe_eval(config, overrides, given, options["output_dir"], options["tracking_uri"], click.echo)
+    if overrides or not options["model"] or not options["data"]:
+        raise ConfigError("--model and --data: give both, or a recipe with --config (and its fields with --set)")
+    quiet_driver()
     report = evaluate(EvalSettings(**options), log=click.echo)
     for line in report.table_lines():
         click.echo(line)
@@ -255,31 +273,12 @@ def eval_command(**options) -> None:
 
 
 @main.command("sweep-temperature")
-@click.option("--model", required=True, help="Hub id, local folder, or a built-in: tiny, tiny-tools, smollm2-135m.")
-@click.option(
-    "--data",
-    "data",
-    required=True,
-    multiple=True,
-    help="Prompt file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); "
-    "repeatable.",
-)
+@click.option("--model", required=True, help=MODEL_HELP)
+@click.option("--data", "data", required=True, multiple=True, help="Prompt " + DATA_HELP)
 @click.option("--temperatures", required=True, help="Comma-separated temperatures > 0, e.g. 0.6,1.0,1.4.")
 @click.option("--n", "n", default=8, show_default=True, type=int, help="Samples per prompt at each temperature.")
-@click.option("--max-tokens", default=1024, show_default=True, type=int, help="Longest completion in tokens.")
-@click.option("--top-p", default=1.0, show_default=True, type=float)
-@click.option("--backend", default="hf", show_default=True, type=click.Choice(["hf", "vllm"]))
-@click.option(
-    "--reward",
-    default="math",
-    show_default=True,
-    help="Reward spec: a built-in name, module:function or file.py:function.",
-)
-@click.option("--limit", default=None, type=int, help="Use only the first N prompts of each file.")
-@click.option("--dtype", default="float32", show_default=True, type=click.Choice(["float32", "bfloat16", "float16"]))
-@click.option("--seed", default=0, show_default=True, type=int)
+@sampling_options
 @click.option("--output-dir", default="runs/sweep-temperature", show_default=True, type=click.Path(file_okay=False))
-@click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir.")
 @one_line_errors
 def sweep_temperature_command(temperatures: str, **options) -> None:
     """Report accuracy (avg@n) and diversity at each temperature, to pick the rollout temperature (POLARIS)."""

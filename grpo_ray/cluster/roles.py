@@ -13,9 +13,9 @@ import ray
 
 from grpo_ray.actors.learner import LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
-from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
+from grpo_ray.actors.reward import RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker
-from grpo_ray.cluster.settings import learner_settings, rollout_settings
+from grpo_ray.cluster.settings import learner_settings, reward_worker_args, rollout_settings
 from grpo_ray.cluster.placement import (
     Placement,
     error_line,
@@ -160,13 +160,6 @@ def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) 
 
 
 def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
-    settings = lambda functions: [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in functions]  # noqa: E731
-    r = cfg.reward
-    functions = settings(r.functions)
-    if cfg.environment.spec:  # episodes: the environment's reward beside the functions (rewards/environment.py)
-        functions.append(RewardFunctionSetting("environment", cfg.environment.reward_weight, {}))
-    isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
-    by_source = {source: settings(fs) for source, fs in r.by_source.items()}
     return [
         spawn(
             RewardWorker,
@@ -174,10 +167,7 @@ def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -
             "reward",
             i,
             resources,
-            functions,
-            isolation,
-            by_source,
-            r.source_field,
+            *reward_worker_args(cfg),
             name=f"reward-{i}",
             max_restarts=cfg.ray.max_actor_restarts,
         )

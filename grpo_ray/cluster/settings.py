@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from grpo_ray.actors.episodes import EpisodeSettings
 from grpo_ray.actors.learner_settings import LearnerSettings
+from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation
 from grpo_ray.actors.rollout import LoraShape, RolloutWorkerSettings
 from grpo_ray.config import BatchPlan, Config, EnvironmentConfig, longest_sequence, plan_lr_segments, syncs_lora_adapter
 
@@ -84,6 +85,20 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
         environment=episode_settings(cfg.environment),
         vllm_log_file=f"{cfg.output_dir}/logs/vllm-rollout-{index}.log",
     )
+
+
+def reward_worker_args(
+    cfg: Config,
+) -> tuple[list[RewardFunctionSetting], RewardIsolation, dict[str, list[RewardFunctionSetting]], str]:
+    """A RewardWorker's arguments: the recipe's functions (an episode's environment reward beside them,
+    rewards/environment.py), its sandbox, the functions of each data source and the field naming it."""
+    settings = lambda functions: [RewardFunctionSetting(f.name, f.weight, dict(f.options)) for f in functions]  # noqa: E731
+    r = cfg.reward
+    functions = settings(r.functions)
+    if cfg.environment.spec:
+        functions.append(RewardFunctionSetting("environment", cfg.environment.reward_weight, {}))
+    isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
+    return functions, isolation, {source: settings(fs) for source, fs in r.by_source.items()}, r.source_field
 
 
 def episode_settings(env: EnvironmentConfig) -> EpisodeSettings | None:

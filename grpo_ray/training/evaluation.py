@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from grpo_ray.cluster.dispatch import CallFailed, evaluation_refs, score_slices
-from grpo_ray.config import StagePlan
+from grpo_ray.config import Config, StagePlan
 from grpo_ray.rewards.accuracy import mean_accuracy
 from grpo_ray.rewards.by_source import eval_source_accuracies
 from grpo_ray.training.run import Run, in_phase
@@ -18,32 +18,40 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     cfg, prompts = run.cfg, run.inputs.eval_prompts
     if not prompts:
         return float("nan")
-    sampling = SamplingSettings(
+    sampling = eval_sampling(cfg, stage, step)
+    samples = f"{cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each"
+    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts, {samples}")
+    with in_phase("evaluation"):
+        scored = _scored_samples(run, sampling)
+    run.console.phase(None)
+    metrics = heldout_metrics(cfg, scored)
+    run.tracker.log_metrics(step, metrics)
+    return metrics["eval/accuracy"]
+
+
+def eval_sampling(cfg: Config, stage: StagePlan, step: int) -> SamplingSettings:
+    """How the held-out prompts are sampled at `step` (here and by `grpo-ray eval --config`)."""
+    return SamplingSettings(
         samples_per_prompt=cfg.train.eval_samples,
         max_new_tokens=stage.max_new_tokens,
         temperature=stage.eval_temperature,
         top_p=stage.top_p,
         seed=cfg.seed + step,
     )
-    samples = f"{cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each"
-    run.console.phase(f"step {step}: evaluating {len(prompts)} held-out prompts, {samples}")
-    with in_phase("evaluation"):
-        scored = _scored_samples(run, sampling)
-    run.console.phase(None)
+
+
+def heldout_metrics(cfg: Config, scored: list[ScoredSlice]) -> dict[str, float]:
+    """eval/accuracy, eval/reward_mean and each source's accuracy of the scored held-out samples
+    (here and by `grpo-ray eval --config`)."""
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
     # With reward.by_source each row's accuracy is its own source's first function (rewards/by_source.py).
     first = "accuracy" if "accuracy" in scored[0].per_function else first
     scores = np.concatenate([s.per_function[first] for s in scored])
-    accuracy = mean_accuracy(scores)
-    run.tracker.log_metrics(
-        step,
-        {
-            "eval/accuracy": accuracy,
-            "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
-            **eval_source_accuracies([s.per_function for s in scored]),
-        },
-    )
-    return accuracy
+    return {
+        "eval/accuracy": mean_accuracy(scores),
+        "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
+        **eval_source_accuracies([s.per_function for s in scored]),
+    }
 
 
 def _scored_samples(run: Run, sampling: SamplingSettings) -> list[ScoredSlice]:

@@ -1,5 +1,6 @@
 """`grpo-ray eval` on the tiny model: a real benchmark parquet scored with math, the held-out split
-whose greedy accuracy is known from the model's build, YaRN at evaluation time, one-line errors.
+whose greedy accuracy is known from the model's build, YaRN at evaluation time, one-line errors;
+with --config, an agent recipe's episodes on the tiny-tools model.
 
 No Ray: evaluation runs in the test's process (the reward function in a sandbox child)."""
 
@@ -18,6 +19,7 @@ from grpo_ray.commands.evaluate import EvalSettings, evaluate, load_engine, metr
 from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
+TINY_TOOLS = Path(__file__).resolve().parents[2] / "configs" / "tiny-tools.yaml"
 AIME24 = Path("/work/shared/data/math-eval/aime24.parquet")
 # The rows' own data_source field names the source (verl files carry it); the file stem is the
 # fallback for files without one.
@@ -156,6 +158,8 @@ def test_missing_data_file_is_one_line_error(tmp_path):
             "error: --n 2 with --temperature 0",
         ),
         (["--model", "tiny", "--data", "tiny:heldout", "--reward", "nope"], "error: unknown reward 'nope'"),
+        (["--data", "tiny:heldout"], "error: --model and --data: give both, or a recipe with --config"),
+        (["--config", str(TINY_TOOLS), "--reward", "math"], "error: --reward: with --config the recipe's"),
     ],
 )
 def test_bad_input_is_one_line_error(tmp_path, args, expected):
@@ -163,3 +167,29 @@ def test_bad_input_is_one_line_error(tmp_path, args, expected):
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()
     assert line.startswith(expected)
+
+
+def test_an_agent_recipe_runs_its_environment_for_each_heldout_row(tmp_path):
+    """`eval --config` runs the recipe's calculator in an episode per held-out row, as the run's
+    evaluation does (at the recipe's full size it prints the run's step-0 accuracy, 0.171)."""
+    args = ["eval", "--config", str(TINY_TOOLS), "--temperature", "0", "--n", "1", "--limit", "20"]
+    result = CliRunner().invoke(main, [*args, "--output-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    # Greedy, the tiny-tools model calls the calculator first (configs/tiny-tools.yaml): every
+    # episode is the call, the calculator's reply and an answer.
+    assert "sampling 20 prompts x 1 episode with Calculator on hf" in result.output
+    assert "episodes: 2.00 turns, 1.00 tool calls, 0.00 tool errors per sample; 0 failed" in result.output
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 20
+    for sample in samples:
+        user, call, reply, answer = sample["episode"].splitlines()
+        arguments = json.loads(call.removeprefix("assistant: <tool_call>").removesuffix("</tool_call>"))["arguments"]
+        assert user == f"user: {sample['prompt']}" and reply == f"tool: {arguments['a'] * arguments['b']}"
+        assert answer == f"assistant: {sample['completion']}" and sample["turns"] == 2
+    # The accuracy is the first reward function's mean (exact_match), as the run's eval/accuracy.
+    accuracy = sum(s["scores"]["exact_match"] for s in samples) / 20
+    assert f"held-out accuracy {accuracy:.3f} (avg@1 over 20 prompts)" in result.output
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("grpo-ray-eval").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.metrics["eval/accuracy"] == accuracy
+    assert run.data.metrics["eval/episode/tool_calls"] == 1.0 and run.data.params["train.eval_samples"] == "1"
