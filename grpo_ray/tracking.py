@@ -246,10 +246,17 @@ class ConsoleReporter:
             "s/step": metrics.get("timing/step"),
             # Updates between the weights that sampled this step's batch and the learner's.
             "stale": metrics.get("batch/staleness") if self.pipelined else None,
-            # Episodes (environment.spec): turns and tool calls per episode, and the failed fraction.
+            # Episodes (environment.spec): turns, tool calls and failed calls per episode, the failed
+            # fraction, then each kind of failure counted (env_failures/*: "reset-timeouts 1").
             "turns": metrics.get("episode/turns"),
             "calls": metrics.get("episode/tool_calls"),
+            "tool-errors": metrics.get("episode/tool_errors") or None,
             "env-failed": metrics.get("episode/failed") or None,
+            **{
+                key.removeprefix("env_failures/").replace("_", "-"): value or None
+                for key, value in metrics.items()
+                if key.startswith("env_failures/")
+            },
         }
         fields = {k: f"{v:.4g}" for k, v in shown.items() if v is not None and math.isfinite(v)}
         if self.pipelined and "pipeline/ahead_during_update" in metrics:

@@ -176,6 +176,9 @@ class ScoredSlice:
     # Episodes (actors/episodes.py): name -> [N] float64 per row (turns, tool_calls, ...); empty for
     # single-turn rows. From the slice's row fields named episode_<name>.
     episode_stats: dict[str, np.ndarray] = field(default_factory=dict)
+    # Episodes: the first line of each kind of trouble in these rows ("failure", "lost", "tool":
+    # rewards/environment.py's episode_errors); empty for single-turn rows.
+    episode_errors: dict[str, str] = field(default_factory=dict)
 
     def with_function(self, name: str, scores: np.ndarray, weight: float) -> "ScoredSlice":
         """This slice with one more scorer's [N] scores (NaN = failed) added to the total."""
@@ -192,6 +195,7 @@ class ScoredSlice:
             truncated=self.truncated,
             group_diversity=self.group_diversity,
             episode_stats=self.episode_stats,
+            episode_errors=self.episode_errors,
         )
 
     @staticmethod
@@ -200,9 +204,12 @@ class ScoredSlice:
         if len(parts) == 1:
             return parts[0]
         first_errors: dict[str, str] = {}
+        episode_errors: dict[str, str] = {}
         for part in parts:
             for name, error in part.first_errors.items():
                 first_errors.setdefault(name, error)
+            for kind, line in part.episode_errors.items():
+                episode_errors.setdefault(kind, line)
         return ScoredSlice(
             group_ids=np.concatenate([p.group_ids for p in parts]),
             prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
@@ -218,6 +225,7 @@ class ScoredSlice:
             episode_stats={
                 name: np.concatenate([p.episode_stats[name] for p in parts]) for name in parts[0].episode_stats
             },
+            episode_errors=episode_errors,
         )
 
 

@@ -13,7 +13,8 @@ are batched: the hf engine generates those started since it was last asked as on
 (vllm_turns.VllmTurns). Each turn is drawn from the episode's own seed (seed, turn), so an
 episode run again from its seed is the same episode, whatever it is batched with (recovery
 re-issues a dead worker's episodes that way). The row an episode becomes is envs/episode.py's; its reward from the
-environment (steps plus reward()) goes in the row field `environment_reward` (NaN: it failed).
+environment (steps plus reward()) goes in the row field `environment_reward` (NaN: it failed), and
+why it failed in `environment_error`, one line naming the method and what to change (envs/failures.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
+from grpo_ray.envs.failures import FAILURE_KINDS, LOST, episode_timeout_line, failure_kind, failure_line
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
+from grpo_ray.rewards.environment import ERROR_FIELD, LOST_FIELD, TOOL_ERROR_FIELD
 from grpo_ray.rewards.environment import FIELD as ENVIRONMENT_FIELD
 from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice, SamplingSettings
 
@@ -47,7 +50,8 @@ class Turns(Protocol):
 
 # Turn seeds stay below 2**63, what torch's and vLLM's generators take.
 SEED_RANGE = 2**63
-COUNTS = ("tool_calls", "unparsable_calls", "tool_errors", "env_errors", "env_timeouts", "overflows")
+# An episode's counts: its tool calls, overflows and (0 or 1) its failure's kind (envs/failures.py).
+COUNTS = ("tool_calls", "unparsable_calls", "tool_errors", "overflows", *FAILURE_KINDS)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Episode:
     reward: float = 0.0  # the environment's: its steps' rewards plus reward() at the end
     finish_reason: str = "stop"  # "stop": the environment said done; "length": a limit ended it
     error: str | None = None  # one line when the environment failed (the episode's reward is then NaN)
+    lost: bool = False  # it failed with a process another episode's request ended
+    tool_error: str | None = None  # its first tool call that failed, one line
+    tools: int = 0  # the tools its environment showed the model
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     started: float = field(default_factory=time.monotonic)
     ended: float = 0.0  # when its last reply came (time.monotonic)
@@ -89,6 +96,7 @@ class EpisodeRunner:
         self.settings, self.tokenizer = settings, tokenizer
         self.end_of_turn = tokenizer.eos_token_id
         self.pool = EnvironmentPool(settings.spec, settings.options, settings.processes, settings.step_timeout_s)
+        self.class_name = settings.spec.rpartition(":")[2]  # what failure lines name (envs/failures.py)
         self._next_key = 0
         self._abandoned: set[int] = set()  # keys of episodes a stopped stream left in the environment
 
@@ -185,8 +193,11 @@ class EpisodeRunner:
         if episode.state == "done" or (episode.state == "finish" and reply.op != "finish"):
             return  # a reply to a request the episode gave up on (it timed out meanwhile)
         if reply.error is not None:
-            episode.error = f"environment {reply.op}: {reply.error}"
-            episode.counts["env_timeouts" if reply.timed_out else "env_errors"] += 1
+            # Only its first failure counts: a finish after a failed reset may fail for want of state.
+            if episode.error is None:
+                episode.error = failure_line(self.class_name, reply.op, reply.failure, reply.error)
+                episode.lost = reply.failure == LOST
+                episode.counts[failure_kind(reply.op, reply.failure)] += 1
             if reply.op == "finish":
                 episode.state, episode.ended = "done", time.monotonic()
             else:
@@ -195,6 +206,7 @@ class EpisodeRunner:
         if reply.op == "reset":
             messages, tools = reply.value
             episode.tokens.prompt = self.render(messages, True, tools)
+            episode.tools = len(tools)
             episode.messages = list(messages)
             episode.state = "generate"
         elif reply.op == "step":
@@ -209,6 +221,8 @@ class EpisodeRunner:
         episode.messages += step.messages
         for name, count in step.counts.items():
             episode.counts[name] = episode.counts.get(name, 0) + count
+        if step.errors and episode.tool_error is None:
+            episode.tool_error = step.errors[0]
         if step.done:
             episode.finish_reason = "stop"
             self._finish(episode)
@@ -235,14 +249,15 @@ class EpisodeRunner:
                 episode.state in ("step", "generate", "generating")
                 and now - episode.started > self.settings.episode_timeout_s
             ):
-                episode.error = f"timed out after {self.settings.episode_timeout_s:g} s (environment.episode_timeout_s)"
-                episode.counts["env_timeouts"] += 1
+                episode.error = episode_timeout_line(self.settings.episode_timeout_s)
+                episode.counts["episode_timeouts"] += 1
                 self._finish(episode)
 
 
-def episode_fields(episode: Episode) -> dict[str, float]:
-    """An episode's row fields: its environment reward (NaN: failed; rewards/environment.py) and its
-    figures (episode_<name>: the run's episode/<name> metrics, through ScoredSlice.episode_stats)."""
+def episode_fields(episode: Episode) -> dict[str, float | str | None]:
+    """An episode's row fields: its environment reward (NaN: failed; rewards/environment.py), why it
+    failed and its first failed tool call (one line each, or None), and its figures (episode_<name>:
+    the run's episode/<name> and env_failures/<kind> metrics, through ScoredSlice.episode_stats)."""
     mask = np.asarray(episode.tokens.mask)
     figures = {
         "turns": episode.tokens.turns,
@@ -250,10 +265,16 @@ def episode_fields(episode: Episode) -> dict[str, float]:
         "masked_tokens": int((mask == 0).sum()),
         "cached_tokens": episode.cached_tokens,
         "failed": int(episode.error is not None),
+        "tools": episode.tools,
         **episode.counts,
     }
     reward = float("nan") if episode.error is not None else episode.reward
-    return {ENVIRONMENT_FIELD: reward, **{EPISODE_FIELD_PREFIX + k: float(v) for k, v in figures.items()}}
+    errors = {
+        ERROR_FIELD: None if episode.lost else episode.error,
+        LOST_FIELD: episode.error if episode.lost else None,
+        TOOL_ERROR_FIELD: episode.tool_error,
+    }
+    return {ENVIRONMENT_FIELD: reward, **errors, **{EPISODE_FIELD_PREFIX + k: float(v) for k, v in figures.items()}}
 
 
 def pack_episodes(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from grpo_ray.rewards.by_source import RewardPlan, score_routed, take_rows
+from grpo_ray.rewards.environment import episode_errors
 from grpo_ray.rewards.scorer import RowScorer
 from grpo_ray.types import EPISODE_FIELD_PREFIX, RolloutSlice, ScoredSlice
 
@@ -93,6 +94,7 @@ class RewardWorker:
                 for name, values in rows.row_fields.items()
                 if name.startswith(EPISODE_FIELD_PREFIX)
             },
+            episode_errors=episode_errors(rows.row_fields),
         )
 
     def _raw_scores(self, functions: list[int], batch: tuple) -> list[tuple[list[float | None], str | None]]:

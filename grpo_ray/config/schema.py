@@ -191,6 +191,11 @@ class EnvironmentConfig(_Section):
     episode_timeout_s: float = Field(300.0, gt=0)
     # Processes per rollout worker that run the environments (each hosts many episodes).
     processes_per_worker: int = Field(2, ge=1)
+    # Stop the run when more than this fraction of the episodes failed over the last
+    # reward.failure_window_steps steps: their reset, step or reward raised, timed out or lost its
+    # process, or the episode passed episode_timeout_s (docs/agents.md). A failed episode has no
+    # reward (advantage 0, out of its group's statistics); a tool call that fails is no failure.
+    max_failure_rate: float = Field(0.5, gt=0, le=1)
     # Weight of the environment's reward (its steps' rewards plus reward() at the end) in the total
     # reward, beside reward.functions, which score the episode's last answer.
     reward_weight: float = 1.0

@@ -31,7 +31,9 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+from grpo_ray.envs.failures import where
 from grpo_ray.envs.tool_calls import parse_tool_calls
+from grpo_ray.errors import first_line
 from grpo_ray.envs.tools import tool_schema
 
 Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool" | "system", "content": str}
@@ -44,6 +46,9 @@ class StepResult:
     done: bool = False
     # What happened, counted into the run's metrics: tool_calls, unparsable_calls, tool_errors.
     counts: dict[str, int] = field(default_factory=dict)
+    # One line per tool call that failed (its error, and where the tool raised): the run's console
+    # quotes the first when every call fails (envs/failures.py).
+    errors: tuple[str, ...] = ()
 
 
 class Environment:
@@ -97,22 +102,31 @@ class ToolEnvironment(Environment):
         if turn.is_answer:
             return StepResult([], done=True)
         replies = [{"role": "tool", "content": f"error: {error}"} for error in turn.errors]
-        errors = 0
+        errors: list[str] = []
         for call in turn.calls:
             method = self.methods.get(call.name)
             if method is None:
-                errors += 1
                 known = ", ".join(sorted(self.methods)) or "none"
+                errors.append(f"the model called no tool {call.name!r} (tools: {known})")
                 replies.append({"role": "tool", "content": f"error: no tool {call.name!r} (tools: {known})"})
                 continue
             try:
                 result = method(**call.arguments)
             except Exception as err:  # noqa: BLE001 - a tool's failure is the model's to read, as TRL replies
-                errors += 1
                 result = f"error: {type(err).__name__}: {err}"
+                errors.append(self._raised(call.name, err))
             replies.append({"role": "tool", "content": str(result)})
-        counts = {"tool_calls": len(turn.calls), "unparsable_calls": len(turn.errors), "tool_errors": errors}
-        return StepResult(replies, counts=counts)
+        counts = {"tool_calls": len(turn.calls), "unparsable_calls": len(turn.errors), "tool_errors": len(errors)}
+        return StepResult(replies, counts=counts, errors=tuple(errors))
+
+    def _raised(self, tool: str, err: Exception) -> str:
+        """'Calculator.multiply raised ValueError: ... (calculator.py:14 in multiply)'."""
+        try:
+            source = inspect.getsourcefile(type(self.target))
+        except TypeError:  # a class without a file
+            source = None
+        line = first_line(err, with_type=True, limit=300)
+        return f"{type(self.target).__name__}.{tool} raised {line}{where(err, source)}"
 
     def reward(self) -> float | None:
         get_reward = getattr(self.target, "get_reward", None)

@@ -11,7 +11,8 @@ episodes run side by side, across processes and, inside one, in threads. A reque
 timeout kills its process (a hang may hold the GIL or a lock): that episode fails as timed out,
 and the others the process hosted fail as lost with it; a new process takes its place. A process
 that dies (a crash, an os._exit) fails its episodes the same way. Every failure is a reply with a
-one-line `error`: the episode loop counts it, and the run's reward failure policy applies.
+one-line `error` and how it failed (`failure`: envs/failures.py's kinds): the episode loop names
+and counts it, and the run's environment failure policy applies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from grpo_ray.envs.failures import DIED, LOST, METHODS, RAISED, TIMED_OUT
 from grpo_ray.envs.runner_child import EnvironmentSpecError, child_main
 from grpo_ray.rewards.sandbox import main_not_reimported
 from grpo_ray.rewards.sandbox_child import death_reason, kill
@@ -36,7 +38,7 @@ class EnvReply:
     episode: int
     value: Any = None  # reset: (messages, tools); step: StepResult; finish: the episode's reward or None
     error: str | None = None  # one line when the request failed
-    timed_out: bool = False
+    failure: str | None = None  # how: "raised" | "died" | "timed_out" | "lost" (envs/failures.py)
 
 
 @dataclass
@@ -87,12 +89,7 @@ class EnvironmentPool:
         for child in list(self._children):
             late = [episode for episode, (_, d) in child.pending.items() if d <= now]
             if late:
-                replies += self._fail(
-                    child,
-                    late[0],
-                    f"timed out after {self.step_timeout_s:g} s (environment.step_timeout_s)",
-                    timed_out=True,
-                )
+                replies += self._fail(child, late[0], f"timed out after {self.step_timeout_s:g} s", TIMED_OUT)
         return replies
 
     @property
@@ -147,22 +144,27 @@ class EnvironmentPool:
                 child.pending.pop(episode, None)
                 if op == "finish":
                     child.hosted.discard(episode)
-                replies.append(EnvReply(op, episode, value, error))
+                replies.append(EnvReply(op, episode, value, error, None if error is None else RAISED))
         except (EOFError, OSError):
             if child.pending or child.hosted:
                 culprit = next(iter(child.pending), next(iter(child.hosted)))
                 why = death_reason(child.process).replace("worker process", "its environment process")
-                replies += self._fail(child, culprit, why)
+                replies += self._fail(child, culprit, why, DIED)
             else:
                 self._replace(child)
         return replies
 
-    def _fail(self, child: _Process, culprit: int, why: str, timed_out: bool = False) -> list[EnvReply]:
+    def _fail(self, child: _Process, culprit: int, why: str, failure: str) -> list[EnvReply]:
         """The process is killed and replaced; every episode it held fails."""
-        failed = [EnvReply(child.pending.get(culprit, ("step", 0))[0], culprit, error=why, timed_out=timed_out)]
-        lost = f"lost with its environment process, restarted after episode {culprit}'s request {why}"
+        op = child.pending.get(culprit, ("step", 0))[0]
+        failed = [EnvReply(op, culprit, error=why, failure=failure)]
+        if failure == TIMED_OUT:
+            lost = f"lost with its environment process, killed when another episode's {METHODS[op]} {why}"
+        else:
+            how = why.removeprefix("its environment process ")
+            lost = f"lost with its environment process, which {how} during another episode's {METHODS[op]}"
         failed += [
-            EnvReply(child.pending.get(e, ("step", 0))[0], e, error=lost)
+            EnvReply(child.pending.get(e, ("step", 0))[0], e, error=lost, failure=LOST)
             for e in sorted((child.hosted | set(child.pending)) - {culprit})
         ]
         self._replace(child)

@@ -5,11 +5,13 @@ does not hold the other episodes it hosts. Requests and replies are tuples over 
     ("reset", episode, row)   -> ("reset", episode, (messages, tools), None)
     ("step", episode, text)   -> ("step", episode, StepResult, None)
     ("finish", episode, None) -> ("finish", episode, reward or None, None)     (the instance is dropped)
-    any failure               -> (op, episode, None, "TypeError: ...")          (one line)
+    any failure               -> (op, episode, None, "TypeError: ... (env.py:12 in step)")
+                                 (one line, with where the environment's code raised: envs/failures.py)
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import threading
@@ -18,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from grpo_ray.envs.contract import Environment, StepResult, as_environment
+from grpo_ray.envs.failures import where
 from grpo_ray.errors import first_line
 from grpo_ray.quiet import quiet_driver
 from grpo_ray.rewards.sandbox_child import exit_when_orphaned
@@ -70,13 +73,14 @@ def child_main(conn: Connection, spec: str, options: dict[str, Any], parent_pid:
     conn.send(("ready", None))
     hosted: dict[int, Environment] = {}
     sending = threading.Lock()
+    source = _source_file(cls)
 
     def answer(op: str, episode: int, payload: Any) -> None:
         try:
             value = _run(op, episode, payload, hosted, cls, options, spec)
             reply = (op, episode, value, None)
         except Exception as error:  # noqa: BLE001 - the episode's failure, the process goes on
-            reply = (op, episode, None, first_line(error, with_type=True, limit=300))
+            reply = (op, episode, None, first_line(error, with_type=True, limit=300) + where(error, source))
         with sending:
             conn.send(reply)
 
@@ -89,17 +93,24 @@ def child_main(conn: Connection, spec: str, options: dict[str, Any], parent_pid:
             pool.submit(answer, op, episode, payload)
 
 
+def _source_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # a class defined without a file (built in)
+        return None
+
+
 def _run(op: str, episode: int, payload: Any, hosted: dict, cls: type, options: dict, spec: str) -> Any:
     if op == "reset":
         env = hosted[episode] = build(cls, options, spec)
         messages = env.reset(payload)
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise TypeError(f"{cls.__name__}.reset returned {type(messages).__name__}, not a list of messages")
+            raise TypeError(f"reset returned {type(messages).__name__}, not a list of messages")
         return messages, env.tools()
     if op == "step":
         result = hosted[episode].step(payload)
         if not isinstance(result, StepResult):
-            raise TypeError(f"{cls.__name__}.step returned {type(result).__name__}, not a StepResult")
+            raise TypeError(f"step returned {type(result).__name__}, not a StepResult")
         return result
     env = hosted.pop(episode, None)
     reward = env.reward() if env is not None else None

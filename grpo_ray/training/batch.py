@@ -9,7 +9,8 @@ In order, each a config switch:
    (cluster/rollout_service.py), which rolls them out, scores them and brings back any worker that
    dies on the way, so the batch is the one an unhurt run draws;
 2. score and shape: the ScoredBatch's rows (training/rows.py), reward failures counted and the run
-   stopped when a function fails too often, rewards clipped and normalised;
+   stopped when a function fails too often, or too many episodes fail in the environment
+   (envs/failures.py), with the generation's figures logged first; rewards clipped and normalised;
 3. filter (DAPO dynamic sampling): more batches of prompts until the step holds prompts_per_step
    groups with a reward spread, or the tries run out (a streamed rollout stops once it has them);
 4. rescue (POLARIS): an all-failed group gets the prompt's kept correct response in place of its
@@ -41,10 +42,13 @@ from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.rollout_service import Flight, RolloutService
 from grpo_ray.cluster.tasks import beside_data
-from grpo_ray.config import Config, plan_batches
+from grpo_ray.config import Config, plan_batches, total_steps
 from grpo_ray.data.prompts import PromptStream
+from grpo_ray.envs.failures import TOOL_NOTICE_AFTER, EnvironmentMonitor, episode_counts
+from grpo_ray.rewards.environment import NAME as ENVIRONMENT
 from grpo_ray.rewards.monitor import FailureMonitor
-from grpo_ray.training.errors import RewardFailureError, RunStoppedError
+from grpo_ray.training.errors import EnvironmentFailureError, RewardFailureError, RunStoppedError
+from grpo_ray.training.metrics import generation_metrics
 from grpo_ray.training.rows import (
     KeptResponse,
     Overlong,
@@ -83,7 +87,9 @@ class BatchBuilder:
         stream: PromptStream,
         recovery: WorkerRecovery | None = None,
         policy_version: Callable[[], int] = lambda: 0,
+        log: Callable[[str], None] = lambda line: None,
     ):
+        """log: where a warning line goes (the run's console)."""
         self.cfg = cfg
         self.workers = workers
         self.stream = stream
@@ -91,6 +97,18 @@ class BatchBuilder:
         self.policy_version = policy_version  # the weights version the rollout workers hold now
         self.plan = plan_batches(cfg)
         self.failures = FailureMonitor(cfg.reward.failure_window_steps, cfg.reward.max_failure_rate)
+        # Episodes: their failures under the environment's own rate, and a word on tools never called
+        # or always failing after the first steps (envs/failures.py).
+        self.environment = (
+            EnvironmentMonitor(
+                cfg.reward.failure_window_steps,
+                cfg.environment.max_failure_rate,
+                notice_after=min(TOOL_NOTICE_AFTER, total_steps(cfg)),
+            )
+            if cfg.environment.spec
+            else None
+        )
+        self.log = log
         self.ledger = PromptLedger()
         self.rescue = RescueBuffer()
         self.shaper = RewardShaper(cfg.reward.clip, cfg.reward.normalize)  # reward.clip / reward.normalize
@@ -177,6 +195,8 @@ class BatchBuilder:
         # Two runs drew the same prompts in the same order at this step exactly when these agree.
         metrics["batch/prompt_digest"] = float(zlib.crc32(generated.prompt_uids.astype(np.int64).tobytes()))
         self.last_batch = StepBatch(refs, slice_rows, generated, train, metrics)
+        if self.environment is not None and (notice := self.environment.end_batch()) is not None:
+            self.log(notice)
         return self.last_batch
 
     # -- rollout and scoring ---------------------------------------------------------------------
@@ -213,10 +233,18 @@ class BatchBuilder:
     def _accepted(self, rows: StepRows, scored: list[ScoredSlice]) -> StepRows:
         """A generation's rows, on either path: the reward failures of what it scored counted (the run
         stops once a function fails too often), then the rows clipped and normalised (reward.clip / reward.normalize)
-        before anything reads the rewards."""
-        self.failures.record(*failure_counts(scored))
+        before anything reads the rewards. A failed episode is the environment's failure, not its
+        reward function's: it counts under environment.max_failure_rate. The error that stops the
+        run carries the generation's figures (what failed, by kind), which the loop logs first."""
+        failures, completions, first_errors = failure_counts(scored)
+        if self.environment is not None:
+            failures.pop(ENVIRONMENT, None)
+            self.environment.record(*episode_counts(scored))
+            if (stop := self.environment.check()) is not None:
+                raise EnvironmentFailureError(stop, generation_metrics(rows))
+        self.failures.record(failures, completions, first_errors)
         if (stop := self.failures.check()) is not None:
-            raise RewardFailureError(stop)
+            raise RewardFailureError(stop, generation_metrics(rows))
         if self.shaper.active:
             rows = rows.with_rewards(self.shaper([rows.rewards], [rows.row_weights])[0])
         return rows
@@ -299,6 +327,7 @@ class BatchBuilder:
             "ledger": self.ledger.state_dict(),
             "rescue": self.rescue.state_dict(),
             "failures": self.failures.state_dict(),
+            "environment_failures": None if self.environment is None else self.environment.state_dict(),
             "reward_shaper": self.shaper.state_dict(),
         }
 
@@ -324,6 +353,8 @@ class BatchBuilder:
         self.ledger.load_state_dict(state["ledger"])
         self.rescue.load_state_dict(state["rescue"])
         self.failures.load_state_dict(state["failures"])
+        if self.environment is not None:  # absent in checkpoints from before it
+            self.environment.load_state_dict(state.get("environment_failures"))
         self.shaper.load_state_dict(state.get("reward_shaper"))  # absent in checkpoints from before it
 
 

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 
 class RunStoppedError(RuntimeError):
-    """The run cannot usefully go on; the message is one line that says why and what to change."""
+    """The run cannot usefully go on; the message is one line that says why and what to change.
+    metrics: the figures of the step it stopped in, when that step never finished (the loop logs
+    them before the error ends the run: what stopped it is in MLflow and on the console)."""
+
+    def __init__(self, message: str, metrics: dict[str, float] | None = None):
+        super().__init__(message)
+        self.metrics = dict(metrics or {})
 
 
 class RewardFailureError(RunStoppedError):
     """A reward function failed on too many completions; the message names it and its first error."""
+
+
+class EnvironmentFailureError(RunStoppedError):
+    """Too many episodes failed in the environment (environment.max_failure_rate); the message names
+    the failures by kind and the first one's method, error and the setting or code to change."""
 
 
 class NothingToLearnError(RunStoppedError):

@@ -8,6 +8,7 @@ from grpo_ray.cluster.dispatch import CallFailed, evaluation_refs, score_slices
 from grpo_ray.config import Config, StagePlan
 from grpo_ray.rewards.accuracy import mean_accuracy
 from grpo_ray.rewards.by_source import eval_source_accuracies
+from grpo_ray.training.metrics import finite_mean
 from grpo_ray.training.run import Run, in_phase
 from grpo_ray.types import SamplingSettings, ScoredSlice
 
@@ -49,7 +50,7 @@ def heldout_metrics(cfg: Config, scored: list[ScoredSlice]) -> dict[str, float]:
     scores = np.concatenate([s.per_function[first] for s in scored])
     return {
         "eval/accuracy": mean_accuracy(scores),
-        "eval/reward_mean": float(np.nanmean(np.concatenate([s.rewards for s in scored]))),
+        "eval/reward_mean": finite_mean(np.concatenate([s.rewards for s in scored])),
         **eval_source_accuracies([s.per_function for s in scored]),
     }
 

@@ -53,7 +53,7 @@ from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
 from grpo_ray.training import interrupts
 from grpo_ray.training.checkpoint import read_state, resume_point, run_hashes, set_aside
-from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError
+from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError, RunStoppedError
 from grpo_ray.training.evaluation import heldout_accuracy
 from grpo_ray.training.metrics import step_metrics
 from grpo_ray.training.preflight import preflight
@@ -113,6 +113,9 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
                 return _loop(run, progress)
             except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
                 raise type(err)(f"{err}; {resume_hint(checkpoints)}") from None
+            except RunStoppedError as stop:  # the step it stopped: its figures reach MLflow and the console first
+                run.log_stopped_step(progress.step + 1, stop.metrics)
+                raise
             except ray.exceptions.RayError as err:
                 raise ClusterError(f"an actor failed: {error_line(err)}; {resume_hint(checkpoints)}") from None
     finally:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpo_ray.envs.failures import FAILURE_KINDS
 from grpo_ray.training.rows import StepRows
 from grpo_ray.types import LearnerStats
 
 
-def _mean(values: np.ndarray) -> float:
+def finite_mean(values: np.ndarray) -> float:
+    """The mean of the finite values; NaN, without NumPy's "Mean of empty slice" warning, when none is."""
     return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
@@ -23,7 +25,7 @@ def _std(values: np.ndarray) -> float:
 def generation_metrics(rows: StepRows) -> dict[str, float]:
     _, first_of_group = np.unique(rows.group_ids, return_index=True)
     metrics = {
-        "reward/mean": _mean(rows.rewards),
+        "reward/mean": finite_mean(rows.rewards),
         "reward/std": _std(rows.rewards),
         "reward/failed": float((~np.isfinite(rows.rewards)).sum()),
         "response/length_mean": float(rows.completion_lengths.mean()),
@@ -31,13 +33,17 @@ def generation_metrics(rows: StepRows) -> dict[str, float]:
         "response/truncated_fraction": float(rows.truncated.mean()),
         # POLARIS watches this to pick and raise the sampling temperature: G samples collapsing
         # onto one answer show up here first. Groups without a 4-gram (NaN) are left out.
-        "diversity/distinct_4": _mean(rows.group_diversity[first_of_group]),
+        "diversity/distinct_4": finite_mean(rows.group_diversity[first_of_group]),
     }
     for name, values in rows.episode_stats.items():  # episodes: per-episode means (actors/episodes.py)
-        metrics[f"episode/{name}"] = _mean(values)
+        if name not in FAILURE_KINDS:
+            metrics[f"episode/{name}"] = finite_mean(values)
+    for kind in FAILURE_KINDS:  # failed episodes, counted by kind in a fixed order (envs/failures.py)
+        if kind in rows.episode_stats:
+            metrics[f"env_failures/{kind}"] = float(np.nansum(rows.episode_stats[kind]))
     for name, values in rows.per_function.items():
         label = function_label(name)
-        metrics[f"reward/{label}/mean"] = _mean(values)
+        metrics[f"reward/{label}/mean"] = finite_mean(values)
         metrics[f"reward/{label}/std"] = _std(values)
         failed = ~np.isfinite(values)
         if "accuracy" in rows.per_function:  # reward.by_source (rewards/by_source.py): a NaN score

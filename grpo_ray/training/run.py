@@ -103,6 +103,7 @@ class Run:
             PromptStream(self.inputs.train_prompts, seed=self.cfg.seed),
             self.recovery,
             policy_version=lambda: self.sync.version,
+            log=self.console.info,
         )
         self.output_dir = Path(self.cfg.output_dir)
         self.last_checkpoint = time.monotonic()  # train.checkpoint_every_minutes counts from here
@@ -110,6 +111,13 @@ class Run:
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
         a = self.cfg.algorithm
         self.kl = KLController(a.kl_controller, a.kl_coef, a.kl_target, a.kl_horizon)  # the coefficient of each step
+
+    def log_stopped_step(self, step: int, metrics: dict[str, float]) -> None:
+        """The figures of the step a RunStoppedError ended before it finished (what stopped it: the
+        failures by kind), in MLflow and as the console's step line, before the error's own line."""
+        if metrics:
+            self.tracker.log_metrics(step, metrics)
+            self.console.step(step, metrics)
 
     def checkpoint_time_due(self) -> bool:
         return time_checkpoint_due(self.cfg.train.checkpoint_every_minutes, time.monotonic() - self.last_checkpoint)

@@ -47,6 +47,22 @@ def test_a_pipelined_step_says_what_overlapped_its_update():
     assert out.getvalue() == "step 10/100  s/step 1.5  stale 1  ahead 0/1 done  eta 2m15s\n"
 
 
+def test_an_agents_step_names_its_failed_tool_calls_and_each_kind_of_environment_failure():
+    out = io.StringIO()
+    console = ConsoleReporter(5, stream=out)
+    metrics = {"timing/step": 1.0, "episode/turns": 1.5, "episode/tool_calls": 0.25, "episode/failed": 0.0}
+    console.step(1, {**metrics, "episode/tool_errors": 0.0, "env_failures/reset_timeouts": 0.0})
+    # Step 4 stopped the run: one reset timed out, its process took the 31 other episodes with it.
+    failed = {"episode/failed": 1.0, "env_failures/reset_timeouts": 1.0, "env_failures/lost_with_process": 31.0}
+    console.step(4, {**metrics, "episode/tool_errors": 0.25, **failed})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "step 1/5  s/step 1  turns 1.5  calls 0.25  eta 4s"  # nothing failed: nothing said
+    assert lines[1] == (
+        "step 4/5  s/step 1  turns 1.5  calls 0.25  tool-errors 0.25  env-failed 1  reset-timeouts 1  "
+        "lost-with-process 31  eta 1s"
+    )
+
+
 def test_pauses_between_steps_are_named():
     out = io.StringIO()
     console = ConsoleReporter(4, stream=out)

@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings
+from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, episode_fields, pack_episodes
+from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
+from grpo_ray.envs.failures import FAILURE_KINDS, EnvironmentMonitor, episode_counts
 from grpo_ray.actors.hf_engine import HFEngine
 from grpo_ray.models.loading import load_tokenizer, sequence_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts
-from grpo_ray.types import SamplingSettings
+from grpo_ray.rewards.environment import episode_errors
+from grpo_ray.types import Prompt, SamplingSettings
 
 ENV = '''
 import time
@@ -25,9 +28,9 @@ class Echo(Environment):
         self.turns_wanted = turns
 
     def reset(self, row):
-        self.turn, self.pause = 0, float(row.get("sleep", 0))
         if row.get("fail"):
             raise RuntimeError("no such puzzle")
+        self.turn, self.pause = 0, float(row.get("sleep", 0))
         return [{"role": "user", "content": row["prompt"]}]
 
     def step(self, text):
@@ -37,7 +40,7 @@ class Echo(Environment):
                           done=self.turn >= self.turns_wanted)
 
     def reward(self):
-        return 1.0
+        return 1.0 if self.turn else 0.0  # after a failed reset, an AttributeError: no second failure
 '''
 SAMPLING = SamplingSettings(samples_per_prompt=1, max_new_tokens=6, temperature=1.0)
 
@@ -200,13 +203,85 @@ def test_limits_and_failures_are_counted_never_silent(engine, tmp_path):
     finally:
         episodes_runner.close()
     assert one_turn.tokens.turns == 1 and one_turn.error is None
-    assert failed.error == "environment reset: RuntimeError: no such puzzle" and failed.counts["env_errors"] == 1
+    # Named as what it is: the method, its error, where the environment's code raised, what to do.
+    assert failed.error == (
+        "Echo.reset failed: RuntimeError: no such puzzle (echo.py:13 in reset); fix the environment's code"
+    )
+    assert failed.counts["reset_errors"] == 1 and sum(failed.counts[k] for k in FAILURE_KINDS) == 1
+    fields = episode_fields(failed)
+    assert np.isnan(fields["environment_reward"]) and fields["episode_reset_errors"] == 1.0
+    assert episode_errors({k: [v] for k, v in fields.items()}) == {"failure": failed.error}
     budget = runner(tmp_path, tokenizer, max_episode_tokens=8)
     try:
         [small] = budget.run([{"prompt": "12+34="}], [1], hf.turns(SAMPLING))
     finally:
         budget.close()
     assert small.tokens.length <= 8 and small.finish_reason == "length"
+
+
+def test_a_step_past_its_timeout_is_named_and_the_episode_lost_with_its_process_counted_apart(engine, tmp_path):
+    hf, tokenizer = engine
+    # One process: the hanging step's timeout kills it while the other episode (two 1.5 s steps,
+    # each within the timeout) is still in it.
+    episodes_runner = runner(tmp_path, tokenizer, processes=1, step_timeout_s=2)
+    try:
+        hung, lost = episodes_runner.run(
+            [{"prompt": "1+1=", "sleep": 60}, {"prompt": "2+2=", "sleep": 1.5}], [1, 2], hf.turns(SAMPLING)
+        )
+    finally:
+        episodes_runner.close()
+    assert hung.error == "Echo.step timed out after 2 s: raise environment.step_timeout_s, or make step return sooner"
+    assert hung.counts["step_timeouts"] == 1 and not hung.lost
+    assert lost.error == "lost with its environment process, killed when another episode's step timed out after 2 s"
+    assert lost.counts["lost_with_process"] == 1 and lost.lost
+    rows = [episode_fields(hung), episode_fields(lost)]
+    fields = {name: [row[name] for row in rows] for name in rows[0]}
+    # The reward workers carry each kind's first line; the hung episode's own comes before the lost one's.
+    assert episode_errors(fields) == {"failure": hung.error, "lost": lost.error}
+
+
+ADDER = '''
+class Adder:
+    """A tool set (TRL's environment_factory contract) the tiny model was never taught to call."""
+
+    def reset(self, **row):
+        pass
+
+    def add(self, a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: first
+            b: second
+        """
+        return a + b
+'''
+
+
+def test_a_model_that_calls_none_of_its_tools_hears_it_once_after_three_steps(engine, tmp_path):
+    """The whole path a tool count travels: the episode's row fields, the reward worker's scored
+    slice, the run's monitor (training/batch.py feeds it each generation the same way)."""
+    hf, tokenizer = engine
+    (tmp_path / "adder.py").write_text(ADDER)
+    episodes_runner = runner(tmp_path, tokenizer, spec=f"{tmp_path / 'adder.py'}:Adder", max_turns=2)
+    scorer = RewardWorker([RewardFunctionSetting("environment", 1.0, {})], RewardIsolation(mode="none"))
+    monitor = EnvironmentMonitor(window_steps=10, max_rate=0.5, notice_after=3)
+    prompt = Prompt(uid=0, text="12+34=", token_ids=(), answer="46")
+    notices = []
+    try:
+        for step in range(4):
+            episodes = episodes_runner.run(
+                [{"prompt": prompt.text}] * 4, [10 * step + i for i in range(4)], hf.turns(SAMPLING)
+            )
+            rows = pack_episodes([(0, prompt, e) for e in episodes], tokenizer.pad_token_id, 0, {0: 1.0})
+            monitor.record(*episode_counts([scorer.score(rows)]))
+            notices.append(monitor.end_batch())
+    finally:
+        episodes_runner.close()
+        scorer.close()
+    assert all(e.tools == 1 and e.counts["tool_calls"] == 0 and e.error is None for e in episodes)
+    assert notices[:2] == [None, None] and notices[3] is None
+    assert notices[2].startswith("warning: the model called none of the environment's tools in 3 steps (12 episodes")
 
 
 def test_a_stream_hands_back_each_group_as_it_finishes_and_a_stop_leaves_nothing_behind(engine, tmp_path):

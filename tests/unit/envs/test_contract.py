@@ -86,6 +86,12 @@ def test_bad_calls_are_replied_to_and_counted():
         "error: no tool 'sqrt' (tools: divide, multiply)",
     ]
     assert step.counts == {"tool_calls": 2, "unparsable_calls": 1, "tool_errors": 2} and not step.done
+    # What the run's console quotes when every call fails: each failed call, with where the tool raised.
+    divide_line = TrlCalculator.divide.__code__.co_firstlineno + 2
+    assert step.errors == (
+        f"TrlCalculator.divide raised ZeroDivisionError: division by zero (test_contract.py:{divide_line} in divide)",
+        "the model called no tool 'sqrt' (tools: divide, multiply)",
+    )
 
 
 def test_a_step_left_unwritten_says_what_to_write():

@@ -74,7 +74,9 @@ def test_a_step_that_raises_fails_that_episode_alone(spec):
         pool.send("step", 0, "raise")
         pool.send("step", 1, "fine")
         replies = {r.episode: r for r in collect(pool, 2)}
-        assert replies[0].error == "ValueError: bad move" and replies[1].error is None
+        # The error's line, with where the environment's own code raised it (its file, line and method).
+        assert replies[0].error == "ValueError: bad move (envs.py:16 in step)" and replies[0].failure == "raised"
+        assert replies[1].error is None
         assert pool.restarts == 0
 
 
@@ -100,9 +102,13 @@ def test_a_hang_is_killed_at_the_timeout_and_its_process_replaced(spec):
         started = time.monotonic()
         replies = {r.episode: r for r in collect(pool, 3, timeout=20)}
         assert time.monotonic() - started < 10
-        assert replies[0].timed_out and replies[0].error == "timed out after 1 s (environment.step_timeout_s)"
+        assert (replies[0].failure, replies[0].error) == ("timed_out", "timed out after 1 s")
         assert replies[1].error is None
-        assert replies[2].error.startswith("lost with its environment process, restarted after episode 0's request")
+        assert replies[2].failure == "lost"
+        assert (
+            replies[2].error
+            == "lost with its environment process, killed when another episode's step timed out after 1 s"
+        )
         assert pool.restarts == 1 and pool.pids[0] != before[0] and pool.pids[1] == before[1]
         assert not psutil.pid_exists(before[0]) or psutil.Process(before[0]).status() == psutil.STATUS_ZOMBIE
         pool.send("reset", 4, {"prompt": "again"})  # the new process serves
@@ -115,7 +121,7 @@ def test_a_process_that_dies_fails_its_episodes_in_one_line(spec):
         collect(pool, 1)
         pool.send("step", 0, "exit")
         [reply] = collect(pool, 1)
-        assert reply.error == "its environment process died (exit code 3)"
+        assert (reply.failure, reply.error) == ("died", "its environment process died (exit code 3)")
         assert pool.restarts == 1
 
 

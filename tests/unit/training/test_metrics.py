@@ -120,3 +120,22 @@ def test_reward_functions_given_by_file_path_get_metric_keys_mlflow_accepts():
     assert function_label("rewards/mine.py:score") == "mine.py:score"
     assert function_label("my_pkg.rewards:score") == "my_pkg.rewards:score"
     assert function_label("math") == "math"
+
+
+def test_episodes_figures_are_means_and_their_failures_counted_by_kind():
+    from dataclasses import replace
+
+    rows = replace(
+        _rows([0, 0, 1, 1], [1.0, NAN, NAN, 0.0], {}, [3, 3, 3, 3], [False] * 4, [0.5] * 4),
+        episode_stats={
+            "turns": np.array([2.0, 1.0, 1.0, 2.0]),
+            "failed": np.array([0.0, 1.0, 1.0, 0.0]),
+            "reset_timeouts": np.array([0.0, 1.0, 0.0, 0.0]),
+            "lost_with_process": np.array([0.0, 0.0, 1.0, 0.0]),
+        },
+    )
+    metrics = generation_metrics(rows)
+    assert (metrics["episode/turns"], metrics["episode/failed"]) == (1.5, 0.5)
+    # Failures are episodes counted, not a mean: "1 reset timed out" reads as it is.
+    assert (metrics["env_failures/reset_timeouts"], metrics["env_failures/lost_with_process"]) == (1.0, 1.0)
+    assert "episode/reset_timeouts" not in metrics
