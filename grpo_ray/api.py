@@ -55,12 +55,12 @@ def load(recipe: Recipe, overrides: Overrides = ()) -> Config:
 def validate(recipe: Recipe, overrides: Overrides = (), address: str | None = None, gpu_memory_gb: float = 80.0):
     """What `grpo-ray validate` checks: models, reward functions, data and the plan against this
     machine or the cluster at `address` (default ray.address, then RAY_ADDRESS). Returns a
-    Validation; raises the first problem's error."""
+    Validation; raises the error of the one problem found, or PreflightError naming every one."""
     from grpo_ray.commands.validate import plan_report
     from grpo_ray.training.preflight import preflight
 
     cfg = load(recipe, overrides)
-    lines, warnings = plan_report(cfg, gpu_memory_gb)
+    lines, warnings = plan_report(cfg, gpu_memory_gb, with_config=True)
     checked = preflight(cfg, address)
     return Validation(
         cfg, lines, warnings, checked.where, len(checked.inputs.train_prompts), len(checked.inputs.eval_prompts)

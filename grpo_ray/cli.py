@@ -111,23 +111,25 @@ OVERRIDES = click.option(
     is_flag=True,
     help="Print the plan without checking models, rewards, data and resources here (a recipe for another machine).",
 )
+@click.option("--verbose", is_flag=True, help="Print the resolved config (every field, defaults included) first.")
 @one_line_errors
 def validate(
-    config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float, plan_only: bool
+    config: str, overrides: tuple[str, ...], address: str | None, gpu_memory_gb: float, plan_only: bool, verbose: bool
 ) -> None:
     """Check what a run of the recipe needs, as `train` does before it starts anything: models and
     tokenizers resolve, reward functions import (in the reward sandbox), data files exist and map to
     prompts and answers, and the plan fits this machine or the cluster (--address, ray.address,
-    RAY_ADDRESS). Prints the resolved config, each role's resources, the batch arithmetic, the
-    memory plan per GPU and the learning rate; exit 1 with one line per problem."""
-    from grpo_ray.commands.validate import plan_report
+    RAY_ADDRESS). Prints each role's resources, the batch arithmetic, the memory plan per GPU and
+    the learning rate (--verbose: the resolved config first), then `ok`, or one line per problem
+    found (all of them) and exit 1."""
+    from grpo_ray.commands.validate import checked_line, plan_report
 
     cfg = load_config(config, overrides)
     if not plan_only:  # a recipe that cannot run here at all, before its plan
         from grpo_ray.training.preflight import check_quantization
 
         check_quantization(cfg)
-    lines, warnings = plan_report(cfg, gpu_memory_gb)
+    lines, warnings = plan_report(cfg, gpu_memory_gb, with_config=verbose)
     for line in lines:
         click.echo(line)
     for warning in warnings:
@@ -141,8 +143,7 @@ def validate(
     quiet_driver()
     checked = preflight(cfg, address)
     click.echo(
-        f"\n# checked: models, reward functions, {len(checked.inputs.train_prompts)} training and "
-        f"{len(checked.inputs.eval_prompts)} evaluation prompts, the plan on {checked.where}"
+        "\n" + checked_line(cfg, len(checked.inputs.train_prompts), len(checked.inputs.eval_prompts), checked.where)
     )
     click.echo("ok")
 

@@ -33,3 +33,8 @@ def missing_path_hint(field: str = "") -> str:
 
 class ModelLoadError(ValueError):
     """A model or tokenizer that cannot be loaded; one-line message naming the path."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot run the plan, cannot be reached, or an actor failed; one-line message.
+    Here rather than in cluster/, so that what raises or catches it need not import Ray."""

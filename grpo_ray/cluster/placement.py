@@ -13,13 +13,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray.errors import first_line
+from grpo_ray.errors import ClusterError, first_line
 from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
 from grpo_ray.config import RoleResources
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot run the plan, or an actor failed; one-line message."""
 
 
 @dataclass

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import ipaddress
 import os
-from collections.abc import Iterator
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import psutil
+
+from grpo_ray.cluster.address import check_cluster_answers
 from grpo_ray.config import RayConfig
+from grpo_ray.errors import ClusterError, first_line
 from grpo_ray.quiet import actor_noise_env, quiet_driver
 
 # Environment of every actor process. OMP_WAIT_POLICY must be set before torch is imported:
@@ -18,6 +26,14 @@ ACTOR_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "PYTHONUNBUFFERED": "1",
 }
+
+# Ray gives a local node's raylet 30 s (fixed in ray._private.node) to register with its GCS; a
+# 2-core machine busy with other work can take longer, and Ray then raises this with its
+# processes still running. A second try after they are stopped usually starts; any other failure
+# is no slow start and is said at once.
+SLOW_START = "timed out during startup"
+# Fault drill (tests only): "1" stops the first try's raylet, a real slow start.
+STALLED_RAYLET_DRILL = "GRPO_RAY_DRILL_STALL_FIRST_RAYLET"
 
 
 @dataclass(frozen=True)
@@ -39,27 +55,19 @@ def actor_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
-    """Join RAY_ADDRESS / cfg.address (as under `ray job submit`), or start and finally stop a local Ray."""
+def ray_session(cfg: RayConfig, notice: Callable[[str], None] = print) -> Iterator[RaySession]:
+    """Join RAY_ADDRESS / cfg.address (as under `ray job submit`), or start and finally stop a local
+    Ray; `notice` hears of a second try at starting one."""
     import ray
 
     quiet_driver()
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     common = dict(logging_level="WARNING", log_to_driver=True, runtime_env={"env_vars": actor_env()})
     if address:
+        check_cluster_answers(address, "ray.address" if cfg.address else "RAY_ADDRESS")
         context = ray.init(address=address, **common)
     else:
-        with _local_node(cfg.node_ip) as node_ip:
-            context = ray.init(
-                address="local",
-                num_cpus=cfg.num_cpus or os.cpu_count(),
-                include_dashboard=cfg.dashboard,
-                dashboard_host=cfg.dashboard_host,
-                # A fixed port lets Prometheus scrape a local run (dashboards/grpo-ray.json); None: random.
-                _metrics_export_port=cfg.metrics_export_port,
-                _node_ip_address=node_ip,
-                **common,
-            )
+        context = _start_local(cfg, common, notice)
     dashboard = getattr(context, "dashboard_url", None) or None
     try:
         yield RaySession(
@@ -72,6 +80,79 @@ def ray_session(cfg: RayConfig) -> Iterator[RaySession]:
     finally:
         # Stops a local Ray's processes; on a cluster, ends this job's actors (they die with the driver).
         ray.shutdown()
+
+
+def _start_local(cfg: RayConfig, common: dict, notice: Callable[[str], None]):
+    """ray.init of a local Ray, tried twice where the first try was a slow start; ClusterError (one
+    line) when it does not start. Whatever a failed try started is stopped before the next."""
+    import ray
+
+    for attempt in (1, 2):
+        before = _descendants()
+        if attempt == 1 and os.environ.get(STALLED_RAYLET_DRILL) == "1":
+            _stall_the_raylet_soon(before)
+        try:
+            with _local_node(cfg.node_ip) as node_ip:
+                return ray.init(
+                    address="local",
+                    num_cpus=cfg.num_cpus or os.cpu_count(),
+                    include_dashboard=cfg.dashboard,
+                    dashboard_host=cfg.dashboard_host,
+                    # A fixed port lets Prometheus scrape a local run (dashboards/grpo-ray.json); None: random.
+                    _metrics_export_port=cfg.metrics_export_port,
+                    _node_ip_address=node_ip,
+                    **common,
+                )
+        except KeyboardInterrupt:  # Ctrl-C while it starts: what it started goes with the command
+            _stop_new(before)
+            raise
+        except Exception as err:  # noqa: BLE001 - Ray raises bare Exception for a start that timed out
+            ray.shutdown()
+            _stop_new(before)
+            # The failed try's GCS client stays in Ray's internal KV; once its GCS is gone it would
+            # end this process 60 s later ("Failed to connect to GCS within 60 seconds").
+            ray.experimental.internal_kv._internal_kv_reset()
+            gc.collect()
+            slow = SLOW_START in str(err)
+            if slow and attempt == 1:
+                notice(f"the local Ray was slow to start ({first_line(err)}); starting it once more")
+                continue
+            raise ClusterError(
+                f"the local Ray did not start ({first_line(err)})"
+                + ("; twice: free the machine's CPUs (other jobs?) and try again" if slow else "")
+                + "; `ray start --head` shows Ray's own report"
+            ) from None
+    raise AssertionError("unreachable")
+
+
+def _descendants() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _stop_new(before: set[int]) -> None:
+    """Kill the processes a failed start left (Ray's GCS, raylet, dashboard: they outlive its error)."""
+    started = [child for child in psutil.Process().children(recursive=True) if child.pid not in before]
+    for child in started:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(started, timeout=10)
+
+
+def _stall_the_raylet_soon(before: set[int]) -> None:
+    """Fault drill (tests only): stop the raylet the first try starts (SIGSTOP), as a machine too busy
+    to run it would, so that Ray's own start-up deadline passes for real."""
+
+    def stall() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in before and child.name() == "raylet":
+                        child.send_signal(signal.SIGSTOP)
+                        return
+            time.sleep(0.05)
+
+    threading.Thread(target=stall, name="grpo-ray-drill-stall-raylet", daemon=True).start()
 
 
 @contextlib.contextmanager

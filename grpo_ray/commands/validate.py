@@ -1,4 +1,4 @@
-"""What `grpo-ray validate` prints about a recipe's plan: the resolved config, each role's resources,
+"""What `grpo-ray validate` prints about a recipe's plan: (--verbose) the resolved config, each role's resources,
 the batch arithmetic, the stages, the memory plan per GPU and the learning rate. The checks of
 what a run needs (models, rewards, data, resources) are training/preflight.py's, shared with `train`."""
 
@@ -11,10 +11,14 @@ from grpo_ray.config.memory import memory_plan
 from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments
 
 
-def plan_report(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]]:
-    """(lines to print, warnings of the memory plan)."""
+def plan_report(cfg: Config, gpu_memory_gb: float, with_config: bool = False) -> tuple[list[str], list[str]]:
+    """(lines to print, warnings of the memory plan); with_config: the resolved config first (about
+    230 lines: `validate --verbose`, where it would otherwise bury the verdict)."""
     plan = plan_batches(cfg)
-    lines = ["# resolved config", yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip(), "", "# resources"]
+    lines = (
+        ["# resolved config", yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip(), ""] if with_config else []
+    )
+    lines.append("# resources")
     lines += describe_resources(plan_resources(cfg))
     reference = f"yes ({cfg.reference.model_path or 'the initial policy'})" if cfg.use_reference else "no (kl_coef = 0)"
     lines += [
@@ -46,3 +50,12 @@ def plan_report(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
     lines += ["", "# learning rate (learner.lr_schedule; actor/lr in MLflow)"]
     lines += describe_lr_segments(plan_lr_segments(cfg))
     return lines, warnings
+
+
+def checked_line(cfg: Config, train_prompts: int, eval_prompts: int, where: str) -> str:
+    """What a passing check covered, the last line before the verdict."""
+    environment = f"the environment {cfg.environment.spec}, " if cfg.environment.spec else ""
+    return (
+        f"# checked: models, reward functions, {environment}{train_prompts} training and {eval_prompts} "
+        f"evaluation prompts, the plan on {where}"
+    )

@@ -247,13 +247,17 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
 
 
+# A hub id not in ARCHITECTURES: said as a fact of the plan, not as an error (the run may be fine).
+SIZE_NOT_KNOWN = "its size is not known here (no local config.json, and not in grpo-ray's table), so no memory plan"
+
+
 def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]]:
     """(lines, warnings) of `grpo-ray validate`'s memory plan; GPU roles are checked against
     ``gpu_memory_gb`` GiB per GPU, colocated roles together."""
     gpu = gpu_memory_gb * GIB
     policy = find_architecture(cfg.model.path)
     if policy is None:
-        return [f"unknown size of {cfg.model.path}: no config.json there and not in the table; give a local folder"], []
+        return [f"policy {cfg.model.path}: {SIZE_NOT_KNOWN}"], []
     lora = cfg.model.lora
     adapter = policy.lora_parameters(lora.rank, tuple(lora.target_modules)) if lora.enabled else 0
     lines = [

@@ -9,6 +9,7 @@ built-in models' offline tasks.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, SMOLLM2, TINY
 from grpo_ray.errors import first_line, missing_path_hint
-from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_row
+from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, PromptShapeError, parse_row
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 
@@ -27,13 +28,16 @@ class DataError(ValueError):
 
 @dataclass(frozen=True)
 class Row:
-    prompt: str
+    prompt: str  # the user's message the model answers (the last of a chat-list prompt)
     answer: str
     fields: dict[str, Any]
     # Position of the record in its data files, counting unusable records too: the prompt uid that
     # ledgers and checkpoints name, stable under filtering, so `grpo-ray polaris drop-easy` can
     # map it back to the file.
     index: int = 0
+    # The chat messages before the prompt (a system message, earlier turns) of a chat-list prompt,
+    # rendered before it by the chat template; () for a prompt given as text.
+    context: tuple[dict[str, Any], ...] = ()
 
 
 def resolve_data_path(spec: str) -> str:
@@ -58,7 +62,10 @@ def resolve_data_path(spec: str) -> str:
 
 
 def check_data_path(spec: str, field: str) -> None:
-    """Fail fast, in the driver, on a local file that does not exist."""
+    """Fail fast, in the driver, on a local file that does not exist or a hub id that is neither
+    cached here nor answers on the hub."""
+    from grpo_ray.models.hub import looks_like_hub_id
+
     if spec.startswith(BUILT_IN_DATA_PREFIXES):
         return
     path = Path(spec).expanduser()
@@ -67,6 +74,42 @@ def check_data_path(spec: str, field: str) -> None:
             f"{field}: {spec} does not exist {missing_path_hint(field)}; "
             "give a jsonl/json/parquet/arrow file or a hub id"
         )
+    if not path.exists() and looks_like_hub_id(spec):
+        check_hub_dataset(spec, field)
+
+
+def check_hub_dataset(repo_id: str, field: str) -> None:
+    """DataError (one line naming `field`) unless the hub dataset is in this machine's cache or
+    answers on the hub in one short request: `datasets` itself retries an unreachable hub for about
+    a minute, printing each retry, and its final error names no field."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    from grpo_ray.models.hub import HUB_TIMEOUT_S
+
+    cached = Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
+    if cached.is_dir():
+        return
+    local = "or give a local jsonl/json/parquet/arrow file"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):  # read now: tests and users set it late
+        raise DataError(
+            f"{field}: {repo_id} is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is set; "
+            f"download it first (hf download --repo-type dataset {repo_id}) {local}"
+        )
+    try:
+        HfApi().dataset_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        raise DataError(
+            f"{field}: {repo_id} is gated on the Hugging Face hub; accept its terms there {local}"
+        ) from None
+    except RepositoryNotFoundError:
+        raise DataError(f"{field}: no dataset {repo_id} on the Hugging Face hub; check the id {local}") from None
+    except Exception as err:  # noqa: BLE001 - no route, DNS, proxy, TLS, timeout: all mean "not reachable"
+        raise DataError(
+            f"{field}: {repo_id} is a hub id, but the Hugging Face hub cannot be reached from here "
+            f"({first_line(err)}) and it is not in the local cache; download it where the hub is reachable "
+            f"(hf download --repo-type dataset {repo_id}) {local}"
+        ) from None
 
 
 def load_rows(
@@ -81,7 +124,11 @@ def load_rows(
     rows: list[Row] = []
     skipped = 0
     for position, record in enumerate(records):
-        row = _to_row(record, prompt_field, answer_field, first_index + position)
+        try:
+            row = _to_row(record, prompt_field, answer_field, first_index + position)
+        except PromptShapeError as err:
+            # Refused, not skipped: reading part of a conversation would train on another prompt.
+            raise DataError(f"{spec}: record {position} (counting from 0): {err}") from None
         if row is None:
             skipped += 1
         else:
@@ -160,4 +207,4 @@ def _to_row(record: Any, prompt_field: str | None, answer_field: str | None, ind
         return None
     # `datasets` gives every row every column of the file, None where the row has none.
     fields = {name: value for name, value in parsed.fields.items() if value is not None}
-    return Row(prompt=parsed.prompt, answer=parsed.answer, fields=fields, index=index)
+    return Row(prompt=parsed.prompt, answer=parsed.answer, fields=fields, index=index, context=parsed.context)

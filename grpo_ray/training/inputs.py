@@ -33,24 +33,38 @@ class RunInputs:
     dropped_by_difficulty: int  # training rows outside data.difficulty_band
 
 
-def prepare_inputs(cfg: Config) -> RunInputs:
+def check_data_files(cfg: Config) -> None:
+    """The data files exist and their rows map to prompts and answers, without a tokenizer (the
+    check that is left when the model does not resolve: both problems are then named at once)."""
+    _check_paths(cfg)
+    _read(cfg, cfg.data.train_files)
+    if cfg.data.eval_files:
+        _read(cfg, cfg.data.eval_files)
+
+
+def _check_paths(cfg: Config) -> None:
     for spec in cfg.data.train_files:
         check_data_path(spec, "data.train_files")
     for spec in cfg.data.eval_files:
         check_data_path(spec, "data.eval_files")
+
+
+def _read(cfg: Config, files: tuple[str, ...]) -> tuple[list[Row], int]:
+    rows, skipped = [], 0
+    for spec in files:
+        # Indices run on across files: a uid names one record of the whole list.
+        first_index = len(rows) + skipped
+        file_rows, file_skipped = load_rows(spec, cfg.data.prompt_field, cfg.data.answer_field, first_index)
+        rows.extend(file_rows)
+        skipped += file_skipped
+    return with_instruction(rows, cfg.data.instruction), skipped
+
+
+def prepare_inputs(cfg: Config) -> RunInputs:
+    _check_paths(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     # Before any actor starts: a reference with other token ids would make the KL noise.
     check_reference_tokenizer(tokenizer, cfg.reference.model_path, cfg.reference.tokenizer)
-
-    def read(files: tuple[str, ...]) -> tuple[list[Row], int]:
-        rows, skipped = [], 0
-        for spec in files:
-            # Indices run on across files: a uid names one record of the whole list.
-            first_index = len(rows) + skipped
-            file_rows, file_skipped = load_rows(spec, cfg.data.prompt_field, cfg.data.answer_field, first_index)
-            rows.extend(file_rows)
-            skipped += file_skipped
-        return with_instruction(rows, cfg.data.instruction), skipped
 
     def tokenized(rows: list[Row], field: str) -> tuple[list[Prompt], int]:
         prompt_set = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_tokens, cfg.data.apply_chat_template)
@@ -60,9 +74,9 @@ def prepare_inputs(cfg: Config) -> RunInputs:
             )
         return prompt_set.prompts, prompt_set.dropped_too_long
 
-    train_rows, skipped = read(cfg.data.train_files)
+    train_rows, skipped = _read(cfg, cfg.data.train_files)
     train_rows, out_of_band = in_difficulty_band(train_rows, cfg.data.difficulty_band)
-    eval_rows, eval_skipped = read(cfg.data.eval_files) if cfg.data.eval_files else ([], 0)
+    eval_rows, eval_skipped = _read(cfg, cfg.data.eval_files) if cfg.data.eval_files else ([], 0)
     if not cfg.data.eval_files:
         train_rows, eval_rows = split_validation(train_rows, cfg.data.val_fraction, cfg.seed)
     if cfg.data.eval_limit is not None:

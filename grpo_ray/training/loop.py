@@ -97,7 +97,7 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
     tracker = open_tracker(cfg, state, console)
     report_inputs(inputs, resume_from, state, console)
     try:
-        with tracker.ending(), ray_session(cfg.ray) as session:
+        with tracker.ending(), ray_session(cfg.ray, console.info) as session:
             report_session(session, console)
             workers = start_workers(cfg, plan_batches(cfg))
             tracker.set_tags(

@@ -1,6 +1,7 @@
 """What a run needs, checked before any Ray starts or any MLflow run is opened: `grpo-ray validate`
-and `grpo-ray train` run the same checks, in this order, and stop at the first that fails with one
-line naming the field and the fix.
+and `grpo-ray train` run the same checks, in this order, every one of them, and then name every
+problem found, one line each naming the field and the fix (a user fixes them all in one go, not
+one per try).
 
 1. model.quantization can run where the learners run (bitsandbytes' backend), and
    rollout.vllm.engine_args are options of the installed vLLM;
@@ -12,20 +13,23 @@ line naming the field and the fix.
    its own processes;
 4. the data files exist, their rows map to a prompt and an answer, and the prompts fit
    data.max_prompt_tokens (training/inputs.py: the run's prompts, tokenised once here);
-5. the plan fits: the connected cluster (ray.address, RAY_ADDRESS or --address), or else this
-   machine, where `train` starts a local Ray of its CPUs and GPUs.
+5. the plan fits: the cluster at ray.address, RAY_ADDRESS or --address (which must answer within
+   seconds: cluster/address.py), or else this machine, where `train` starts a local Ray of its CPUs
+   and GPUs.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
 from grpo_ray.config import Config, ConfigError, plan_resources
 from grpo_ray.models.hub import check_model_source
 from grpo_ray.quiet import quiet_vllm_import
-from grpo_ray.training.inputs import RunInputs, prepare_inputs
+from grpo_ray.training.inputs import RunInputs, check_data_files, prepare_inputs
 
 # A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
 REWARD_IMPORT_TIMEOUT_S = 120.0
@@ -35,6 +39,15 @@ class PlanFitError(ConfigError):
     """The plan asks for more than the cluster or this machine has; one line per shortfall."""
 
 
+class PreflightError(ConfigError):
+    """Several problems found at once: `lines`, one per problem; `errors`, the exceptions themselves."""
+
+    def __init__(self, errors: list[Exception]):
+        lines = tuple(dict.fromkeys(line for err in errors for line in getattr(err, "lines", (str(err),))))
+        super().__init__(f"{lines[0]} (and {len(lines) - 1} more)" if len(lines) > 1 else lines[0], lines)
+        self.errors = errors
+
+
 @dataclass(frozen=True)
 class Preflight:
     inputs: RunInputs  # the run's prompts, tokenised
@@ -42,21 +55,62 @@ class Preflight:
 
 
 def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> Preflight:
-    """Every check above; raises the user error of the first that fails. address: a cluster to check
-    the plan against (default: ray.address, then RAY_ADDRESS; none: this machine). connect=False
-    (train): a cluster's plan is left to reserve(), which asks the same of the cluster once the run
-    has joined it; a second connection from inside a Ray job would drop the job's working dir
-    (Ray frees a job's runtime environment when its last driver disconnects)."""
-    check_quantization(cfg)
-    check_vllm_engine_args(cfg)
+    """Every check above; raises the user error when one problem was found, PreflightError with every
+    one when several were. address: a cluster to check the plan against (default: ray.address, then
+    RAY_ADDRESS; none: this machine). connect=False (train): a cluster is only asked whether it
+    answers; its plan is left to reserve(), which asks the same of the cluster once the run has
+    joined it; a second connection from inside a Ray job would drop the job's working dir (Ray
+    frees a job's runtime environment when its last driver disconnects)."""
+    found = _Problems()
+    found.check(check_quantization, cfg)
+    found.check(check_vllm_engine_args, cfg)
     for field, source in model_sources(cfg):
-        check_model_source(source, field)
-    check_reward_functions(cfg)
-    check_environment(cfg)
-    inputs = prepare_inputs(cfg)
-    address = address or cfg.ray.address or os.environ.get("RAY_ADDRESS")
-    where = check_plan_fits(cfg, address) if address is None or connect else f"the cluster at {address} (at reserve)"
+        found.check(check_model_source, source, field)
+    models_resolve = not found.errors
+    found.check(check_reward_functions, cfg)
+    found.check(check_environment, cfg)
+    # The prompts are tokenised with the model's tokenizer; without one the data files are still read.
+    inputs = found.check(prepare_inputs if models_resolve else check_data_files, cfg)
+    where = found.check(check_plan_fits, cfg, *cluster_address(cfg, address), connect)
+    found.raise_them()
     return Preflight(inputs, where)
+
+
+T = TypeVar("T")
+
+
+class _Problems:
+    """Runs each check, keeping the user errors (one-line messages) of those that fail."""
+
+    def __init__(self) -> None:
+        self.errors: list[Exception] = []
+
+    def check(self, check: Callable[..., T], *args: Any) -> T | None:
+        from grpo_ray.data.loaders import DataError
+        from grpo_ray.envs.runner_child import EnvironmentSpecError
+        from grpo_ray.errors import ClusterError, ModelLoadError
+        from grpo_ray.rewards.registry import RewardSpecError
+
+        try:
+            return check(*args)
+        except (ConfigError, ModelLoadError, DataError, RewardSpecError, EnvironmentSpecError, ClusterError) as err:
+            self.errors.append(err)
+            return None
+
+    def raise_them(self) -> None:
+        if len(self.errors) == 1:
+            raise self.errors[0]
+        if self.errors:
+            raise PreflightError(self.errors)
+
+
+def cluster_address(cfg: Config, given: str | None) -> tuple[str | None, str]:
+    """(the cluster to check the plan against or None for this machine, the setting that named it)."""
+    if given:
+        return given, "--address"
+    if cfg.ray.address:
+        return cfg.ray.address, "ray.address"
+    return os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS"
 
 
 def check_vllm_engine_args(cfg: Config) -> None:
@@ -123,12 +177,18 @@ def check_environment(cfg: Config) -> None:
         pass
 
 
-def check_plan_fits(cfg: Config, address: str | None) -> str:
-    """What the plan was checked against; PlanFitError with every shortfall, one line each."""
+def check_plan_fits(cfg: Config, address: str | None, named_by: str = "--address", connect: bool = True) -> str:
+    """What the plan was checked against; PlanFitError with every shortfall, one line each;
+    ClusterError when no cluster answers at `address` (connect=False: only that is asked)."""
     roles = plan_resources(cfg)
     bundles, _ = plan_bundles(roles, cfg.placement.colocate)
     if address:
+        from grpo_ray.cluster.address import check_cluster_answers
         from grpo_ray.cluster.placement import nodes_at
+
+        check_cluster_answers(address, named_by)
+        if not connect:
+            return f"the cluster at {address} (at reserve)"
 
         nodes = nodes_at(address)
         missing = shortfalls(roles, bundles, nodes)

@@ -115,3 +115,48 @@ def test_grpo_ray_code_raises_no_python_warning(tmp_path):
     assert "Creating initial MLflow database tables" in output, (
         f"after {time.monotonic() - started:.0f} s:\n{output[-2000:]}"
     )
+
+
+def test_a_local_ray_slow_to_start_is_started_once_more_and_its_first_try_leaves_nothing():
+    # The drill SIGSTOPs the first try's raylet: Ray's own 30 s start-up deadline passes for real and
+    # it raises "The current node timed out during startup", as on a machine too busy to start it.
+    script = (
+        "import ray\n"
+        "from grpo_ray.cluster.session import ray_session\n"
+        "from grpo_ray.config import RayConfig\n"
+        "with ray_session(RayConfig(num_cpus=1, dashboard=False), notice=lambda line: print('notice:', line)):\n"
+        "    print('nodes', len([n for n in ray.nodes() if n['Alive']]), flush=True)\n"
+    )
+    env = dict(os.environ, GRPO_RAY_DRILL_STALL_FIRST_RAYLET="1", PYTHONUNBUFFERED="1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    stdout, stderr = child.communicate(timeout=300)
+    assert child.returncode == 0, stderr[-3000:]
+    notices = [line for line in stdout.splitlines() if line.startswith("notice:")]
+    assert notices == [
+        "notice: the local Ray was slow to start (The current node timed out during startup. This could happen "
+        "because some of the raylet failed to startup or the GCS has become overloaded.); starting it once more"
+    ], stdout
+    assert "nodes 1" in stdout and "Traceback" not in stderr
+    # Both tries' processes are gone: the stopped raylet and its GCS too.
+    deadline = time.monotonic() + 10
+    while (left := _alive_in_session(child.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+
+
+def _alive_in_session(session: int) -> list[str]:
+    alive = []
+    for process in psutil.process_iter(["status", "name"]):
+        try:
+            if os.getsid(process.pid) == session and process.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(process.info["name"])
+        except OSError:
+            pass
+    return alive

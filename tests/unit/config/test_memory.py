@@ -83,7 +83,7 @@ def test_hub_ids_resolve_through_the_table_and_unknown_ones_say_so():
     assert find_architecture("Qwen/Qwen2.5-3B-Instruct") == qwen("qwen2.5-3b")
     assert find_architecture("someone/unknown-9b") is None
     lines, warnings = memory_plan(load_config(CONFIGS / "tiny.yaml", ["model.path=someone/unknown-9b"]), 80)
-    assert "unknown size of someone/unknown-9b" in lines[0] and warnings == []
+    assert "policy someone/unknown-9b: its size is not known here" in lines[0] and warnings == []
 
 
 def test_validate_warns_when_a_role_exceeds_the_gpu():

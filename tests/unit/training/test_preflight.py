@@ -3,6 +3,8 @@ failure one line naming the field or file and the fix, nothing started. The trai
 process and no MLflow run left) is tests/integration/test_train_e2e.py's bad-input test."""
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +44,7 @@ def project(tmp_path: Path) -> Path:
 
 def test_a_recipe_with_its_own_data_and_reward_validates_from_any_folder(project, monkeypatch):
     monkeypatch.chdir(project.parent)  # not the recipe's folder: its paths are relative to itself
-    result = validate(project / "recipe.yaml")
+    result = validate(project / "recipe.yaml", "--verbose")  # the resolved config only with --verbose
     assert result.exit_code == 0, result.output
     assert f"output_dir: {project}/runs/mine" in result.output
     assert "# checked: models, reward functions, 30 training and 500 evaluation prompts, the plan on this machine" in (
@@ -151,3 +153,37 @@ def test_a_vllm_engine_option_this_vllm_does_not_have_is_named_before_anything_s
     assert error_line(result).startswith(
         "error: rollout.vllm.engine_args: max_num_seq is not an engine option of vLLM "
     ), result.output
+
+
+def test_every_problem_is_named_at_once_model_data_and_resources():
+    result = validate(
+        TINY, "--set", "learner.num_gpus=1", "--set", "model.path=./nomodel", "--set", "data.train_files=[nofile.jsonl]"
+    )
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert result.exit_code == 1 and len(lines) == 3, result.output
+    assert lines[0].startswith("error: model.path: ") and "nomodel does not exist" in lines[0]
+    assert lines[1].startswith("error: data.train_files: ") and "nofile.jsonl does not exist" in lines[1]
+    assert lines[2].startswith("error: learner needs 1 GPUs, there are 0 on this machine")
+
+
+def test_a_hub_dataset_that_cannot_be_reached_is_one_line_naming_the_field():
+    offline = error_line(validate(TINY, "--set", "data.train_files=[someone/no-such-data]", HF_HUB_OFFLINE="1"))
+    assert offline == (
+        "error: data.train_files: someone/no-such-data is not in this machine's Hugging Face cache and HF_HUB_OFFLINE "
+        "is set; download it first (hf download --repo-type dataset someone/no-such-data) or give a local "
+        "jsonl/json/parquet/arrow file"
+    )
+    started = time.monotonic()
+    unreachable = error_line(
+        validate(TINY, "--set", "data.eval_files=[someone/no-such-data]", HF_ENDPOINT="http://127.0.0.1:9")
+    )
+    assert unreachable.startswith("error: data.eval_files: someone/no-such-data is a hub id, but the Hugging Face hub")
+    assert time.monotonic() - started < 30  # `datasets` alone retried for 51 s, five lines of it
+
+
+def test_a_passing_plan_prints_no_line_that_reads_as_an_error_and_names_the_environment_it_checked():
+    result = validate(REPO / "configs" / "tiny-tools.yaml")
+    assert result.exit_code == 0, result.output
+    assert not [line for line in result.output.splitlines() if re.search(r"\b(error|unknown|cannot|failed)\b", line)]
+    assert "# resolved config" not in result.output and len(result.output.splitlines()) < 60
+    assert "# checked: models, reward functions, the environment " in result.output
