@@ -28,6 +28,9 @@ class Prompt:
     token_ids: tuple[int, ...]  # chat-templated prompt tokens
     answer: str  # reference answer
     fields: dict[str, object] = field(default_factory=dict)  # other row fields, for reward functions
+    # The chat messages before `text` (a system message, earlier turns) when the data's prompt was a
+    # chat list; token_ids render them. () for a prompt given as text.
+    context: tuple[dict[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

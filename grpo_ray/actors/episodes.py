@@ -27,6 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from grpo_ray.algo.diversity import group_distinct_ratio
+from grpo_ray.envs.contract import PROMPT_MESSAGES
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
 from grpo_ray.envs.failures import FAILURE_KINDS, LOST, episode_timeout_line, failure_kind, failure_line
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
@@ -334,9 +335,18 @@ def episode_inputs(
     """Each episode's data row and seed (from its group's id and its place in the group, so a share
     issued again runs the same episodes), and the sampling of one turn."""
     g = sampling.samples_per_prompt
-    rows = [{"prompt": p.text, "answer": p.answer, **p.fields} for p in prompts for _ in range(g)]
+    rows = [episode_row(p) for p in prompts for _ in range(g)]
     seeds = [sampling.seed * 1_000_003 + (group_offset + k) * g + j for k in range(len(prompts)) for j in range(g)]
     return rows, seeds, replace(sampling, samples_per_prompt=1)
+
+
+def episode_row(prompt: Prompt) -> dict:
+    """The data row an episode's environment gets: the prompt's text, answer and fields, and its
+    whole chat when the data gave it messages before the user's."""
+    row = {"prompt": prompt.text, "answer": prompt.answer, **prompt.fields}
+    if prompt.context:
+        row[PROMPT_MESSAGES] = [*prompt.context, {"role": "user", "content": prompt.text}]
+    return row
 
 
 def pack_groups(

@@ -7,6 +7,13 @@ fields)`, or None when the record is unusable (no prompt text, no answer).
     generic  prompt from input/question/instruction/prompt/problem, answer from
              output/answer/response/completion/solution (or named fields)
 
+A prompt given as a chat list (verl's `prompt`, or a generic field holding one) is read whole: its
+last message, the user's, is the prompt's text (what reward functions see), and the messages before
+it (a system message, earlier turns) are its `context`, rendered before it by the chat template.
+A chat list that cannot be such a prompt (a last message that is not the user's, content that is
+not text, a message without a role) raises `PromptShapeError` rather than losing part of it: the
+loader names the file and the record.
+
 `fields` holds the record's other top-level fields (they reach reward functions as keyword
 arguments), plus what the format derives. Answers are stripped strings; a numeric answer (int or
 float, not bool) becomes its `str`. Chat lists may be lists, tuples or numpy arrays of dicts
@@ -25,7 +32,9 @@ __all__ = [
     "GENERIC_ANSWER_FIELDS",
     "GENERIC_PROMPT_FIELDS",
     "POLARIS_INSTRUCTION",
+    "CHAT_ROLES",
     "ParsedRow",
+    "PromptShapeError",
     "RowFormat",
     "append_instruction",
     "detect_format",
@@ -41,15 +50,25 @@ __all__ = [
 POLARIS_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 GENERIC_PROMPT_FIELDS = ("input", "question", "instruction", "prompt", "problem")
 GENERIC_ANSWER_FIELDS = ("output", "answer", "response", "completion", "solution")
+# The roles a prompt's messages may have: what chat templates render.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 # Everything after the first "####"; the caller strips it. Found by fuzzing: the former
 # r"####\s*(.+?)\s*$" backtracked quadratically (14 s on 50,000 spaces then text after "#### 1").
 _GSM8K_FINAL = re.compile(r"####(.*)", re.DOTALL)
 
 
 class ParsedRow(NamedTuple):
-    prompt: str
+    prompt: str  # the user's message (the last of a chat list)
     answer: str
     fields: dict[str, Any]
+    # The chat messages before the prompt ({"role", "content", ...}: a system message, earlier
+    # turns); () for a prompt given as text.
+    context: tuple[dict[str, Any], ...] = ()
+
+
+class PromptShapeError(ValueError):
+    """A chat-list prompt that cannot be a prompt here; the message says why and what to do (the
+    loader adds the file and the record)."""
 
 
 class RowFormat(str, Enum):
@@ -79,18 +98,45 @@ def _answer_text(value: Any) -> str | None:
     return None
 
 
-def _prompt_text(value: Any) -> str | None:
-    """A non-empty string, or the content of the last user message of a chat list."""
+def _prompt(value: Any) -> tuple[str, tuple[dict[str, Any], ...]] | None:
+    """(text, context) of a non-empty string or of a chat list read whole; None when there is no
+    prompt text. Raises PromptShapeError on a chat list that cannot be a prompt."""
     if isinstance(value, str):
-        return value if value.strip() else None
-    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
-        messages = value.tolist() if hasattr(value, "tolist") else value
-        if not isinstance(messages, (list, tuple)):
-            return None
-        users = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
-        if users and isinstance(users[-1], str) and users[-1].strip():
-            return users[-1]
-    return None
+        return (value, ()) if value.strip() else None
+    if not (isinstance(value, (list, tuple)) or hasattr(value, "tolist")):
+        return None
+    messages = value.tolist() if hasattr(value, "tolist") else value
+    # A list with no message in it is no chat (a list of numbers or strings): no prompt, as before.
+    if not isinstance(messages, (list, tuple)) or not any(isinstance(m, Mapping) and "role" in m for m in messages):
+        return None
+    chat = [_chat_message(position, message) for position, message in enumerate(messages)]
+    last = chat[-1]
+    if last["role"] != "user":
+        raise PromptShapeError(
+            f"the prompt's last message is the {last['role']}'s, not the user's; end each prompt with the user "
+            "message the model answers (a chat template's generation prompt starts a new assistant turn)"
+        )
+    if not last["content"].strip():
+        return None
+    return last["content"], tuple(chat[:-1])
+
+
+def _chat_message(position: int, message: Any) -> dict[str, Any]:
+    """The message as a plain dict without its None fields (parquet gives every message every key
+    of its struct); PromptShapeError when it is not a text message of a known role."""
+    if not isinstance(message, Mapping) or message.get("role") not in CHAT_ROLES:
+        role = repr(message.get("role"))[:40] if isinstance(message, Mapping) else type(message).__name__
+        raise PromptShapeError(
+            f"prompt message {position} is not a chat message (role {role}); give each message a role "
+            f"of {', '.join(CHAT_ROLES)} and text content"
+        )
+    content = message.get("content")
+    if not isinstance(content, str):
+        raise PromptShapeError(
+            f"prompt message {position} ({message['role']}) has content that is not text "
+            f"({type(content).__name__}); prompts here are text: give its content as one string"
+        )
+    return {key: item for key, item in message.items() if item is not None}
 
 
 def _rest(record: Mapping[str, Any], *used: str | None) -> dict[str, Any]:
@@ -127,18 +173,18 @@ def parse_difficulty(value: Any) -> float | None:
 
 def polaris_row(record: Mapping[str, Any]) -> ParsedRow | None:
     """`problem`, `answer`, `difficulty` "k/8". Adds `difficulty_frac` (None when unparseable)."""
-    prompt = _prompt_text(record.get("problem"))
+    prompt = _prompt(record.get("problem"))
     answer = _answer_text(record.get("answer"))
     if prompt is None or answer is None:
         return None
     fields = _rest(record, "problem", "answer")
     fields["difficulty_frac"] = parse_difficulty(record.get("difficulty"))
-    return ParsedRow(prompt, answer, fields)
+    return ParsedRow(prompt[0], answer, fields, prompt[1])
 
 
 def gsm8k_row(record: Mapping[str, Any]) -> ParsedRow | None:
     """`question`, `answer` ending "#### n": answer n (commas removed), `solution` = full text."""
-    prompt = _prompt_text(record.get("question"))
+    prompt = _prompt(record.get("question"))
     solution = record.get("answer")
     if prompt is None or not isinstance(solution, str):
         return None
@@ -148,17 +194,18 @@ def gsm8k_row(record: Mapping[str, Any]) -> ParsedRow | None:
         return None
     fields = _rest(record, "question", "answer")
     fields["solution"] = solution
-    return ParsedRow(prompt, answer, fields)
+    return ParsedRow(prompt[0], answer, fields, prompt[1])
 
 
 def verl_row(record: Mapping[str, Any]) -> ParsedRow | None:
-    """`prompt` chat list (last user message), `reward_model.ground_truth`; other fields kept."""
-    prompt = _prompt_text(record.get("prompt"))
+    """`prompt` chat list read whole (the last message, the user's, is the text; the ones before
+    it the context), `reward_model.ground_truth`; other fields kept."""
     reward_model = record.get("reward_model")
     answer = _answer_text(reward_model.get("ground_truth")) if isinstance(reward_model, Mapping) else None
+    prompt = _prompt(record.get("prompt"))
     if prompt is None or answer is None:
         return None
-    return ParsedRow(prompt, answer, _rest(record, "prompt", "reward_model"))
+    return ParsedRow(prompt[0], answer, _rest(record, "prompt", "reward_model"), prompt[1])
 
 
 def generic_row(
@@ -170,11 +217,11 @@ def generic_row(
     answer_key = answer_field or _first_present(record, GENERIC_ANSWER_FIELDS)
     if prompt_key is None or answer_key is None:
         return None
-    prompt = _prompt_text(record.get(prompt_key))
+    prompt = _prompt(record.get(prompt_key))
     answer = _answer_text(record.get(answer_key))
     if prompt is None or answer is None:
         return None
-    return ParsedRow(prompt, answer, _rest(record, prompt_key, answer_key))
+    return ParsedRow(prompt[0], answer, _rest(record, prompt_key, answer_key), prompt[1])
 
 
 def _first_present(record: Mapping[str, Any], names: tuple[str, ...]) -> str | None:

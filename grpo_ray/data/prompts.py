@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_ray.data.loaders import Row
+from grpo_ray.data.loaders import DataError, Row
 from grpo_ray.types import Prompt
 
 
@@ -17,17 +17,26 @@ class PromptSet:
 
 
 def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_chat_template: bool) -> PromptSet:
-    """Apply the chat template (one user message), tokenise, drop prompts over the limit."""
+    """Apply the chat template (the row's context messages, then its prompt as the user's), tokenise,
+    drop prompts over the limit. Without a chat template a prompt is its text alone, so a row with
+    context messages is refused (the messages would be lost)."""
     prompts: list[Prompt] = []
     dropped = 0
     for row in rows:
         if apply_chat_template:
             ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": row.prompt}], add_generation_prompt=True, tokenize=True
+                [*row.context, {"role": "user", "content": row.prompt}], add_generation_prompt=True, tokenize=True
             )
             # transformers 5 returns a BatchEncoding-like mapping from apply_chat_template.
             if hasattr(ids, "keys"):
                 ids = ids["input_ids"]
+        elif row.context:
+            roles = ", ".join(m["role"] for m in row.context)
+            raise DataError(
+                f"data.apply_chat_template is false, but prompt {row.index} has messages before the user's "
+                f"({roles}), which only a chat template can show the model; set data.apply_chat_template: true "
+                "or give prompts as text"
+            )
         else:
             ids = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
         if len(ids) > max_prompt_tokens:
@@ -40,6 +49,7 @@ def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_c
                 token_ids=tuple(int(t) for t in ids),
                 answer=row.answer,
                 fields=row.fields,
+                context=row.context,
             )
         )
     return PromptSet(prompts=prompts, dropped_too_long=dropped)

@@ -37,6 +37,18 @@ from grpo_ray.errors import first_line
 from grpo_ray.envs.tools import tool_schema
 
 Message = dict[str, Any]  # {"role": "user" | "assistant" | "tool" | "system", "content": str}
+# The row key of a prompt's whole chat (its messages before the user's, then the user's), present
+# when the data's prompt was a chat list with a system message or earlier turns.
+PROMPT_MESSAGES = "prompt_messages"
+
+
+def prompt_messages(row: dict[str, Any]) -> list[Message]:
+    """The episode's first messages as the data gives them: the row's whole chat when it has one,
+    else the prompt as the user's message."""
+    chat = row.get(PROMPT_MESSAGES)
+    if chat:
+        return [dict(message) for message in chat]
+    return [{"role": "user", "content": str(row["prompt"])}]
 
 
 @dataclass(frozen=True)
@@ -56,8 +68,9 @@ class Environment:
     its end). One instance per episode; instances never share state."""
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
-        """The episode's first messages. row: the data row ("prompt", "answer" and its other fields)."""
-        return [{"role": "user", "content": str(row["prompt"])}]
+        """The episode's first messages. row: the data row ("prompt", "answer" and its other fields;
+        "prompt_messages" when the prompt came with a system message or earlier turns)."""
+        return prompt_messages(row)
 
     def step(self, text: str) -> StepResult:
         raise NotImplementedError(f"{type(self).__name__}.step: return the environment's reply to the model's turn")
@@ -88,13 +101,13 @@ class ToolEnvironment(Environment):
         }
 
     def reset(self, row: dict[str, Any]) -> list[Message]:
-        messages = [{"role": "user", "content": str(row["prompt"])}]
+        messages = prompt_messages(row)
         reset = getattr(self.target, "reset", None)
         if callable(reset):
             # TRL's contract: reset(**row); a string it returns is an observation added to the prompt.
             observation = reset(**row)
             if isinstance(observation, str) and observation:
-                messages[0]["content"] += "\n" + observation
+                messages[-1]["content"] += "\n" + observation
         return messages
 
     def step(self, text: str) -> StepResult:

@@ -8,6 +8,7 @@ import pytest
 from grpo_ray.data.formats import (
     POLARIS_INSTRUCTION,
     ParsedRow,
+    PromptShapeError,
     RowFormat,
     append_instruction,
     detect_format,
@@ -61,15 +62,55 @@ def test_gsm8k_row_takes_final_answer_and_keeps_solution():
     assert gsm8k_row({**GSM8K, "answer": "#### "}) is None
 
 
-def test_verl_row_takes_last_user_message_and_keeps_other_fields():
+def test_verl_row_reads_the_whole_chat_and_keeps_other_fields():
     row = verl_row(VERL)
+    # The user's message is the text; the system message before it is the context, not dropped.
     assert (row.prompt, row.answer) == ("1+1?", "2")
+    assert row.context == ({"role": "system", "content": "Be brief."},)
     extra_info = {"index": 0, "split": "test"}
     assert row.fields == {"data_source": "test-math", "ability": "math", "extra_info": extra_info}
-    # pandas reads parquet list columns as numpy object arrays
-    assert verl_row({**VERL, "prompt": np.array(VERL["prompt"], dtype=object)}).prompt == "1+1?"
+    # pandas reads parquet list columns as numpy object arrays; parquet gives every message every
+    # key of its struct, None where a message has none.
+    as_read = np.array([{**m, "name": None} for m in VERL["prompt"]], dtype=object)
+    assert verl_row({**VERL, "prompt": as_read})[::3] == ("1+1?", row.context)
     assert verl_row({**VERL, "reward_model": {"style": "rule"}}) is None
-    assert verl_row({**VERL, "prompt": [{"role": "system", "content": "x"}]}) is None
+    turns = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And 2+2?"},
+    ]
+    row = verl_row({**VERL, "prompt": turns})
+    assert (row.prompt, row.context) == ("And 2+2?", tuple(turns[:3]))
+    assert verl_row({**VERL, "prompt": [{"role": "user", "content": "1+1?"}]}).context == ()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "refusal"),
+    [
+        ([{"role": "system", "content": "x"}], r"^the prompt's last message is the system's, not the user's; end each"),
+        (
+            [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "The answer is"}],
+            r"^the prompt's last message is the assistant's, not the user's; end each prompt with the user message",
+        ),
+        (
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}],
+            r"^prompt message 0 \(user\) has content that is not text \(list\); .*give its content as one string$",
+        ),
+        ([{"role": "user", "content": None}], r"^prompt message 0 \(user\) has content that is not text \(NoneType\)"),
+        (
+            [{"role": "narrator", "content": "x"}, {"role": "user", "content": "1+1?"}],
+            r"^prompt message 0 is not a chat message \(role 'narrator'\); give each message a role of system, user",
+        ),
+        ([{"role": "system", "content": "x"}, "1+1?"], r"^prompt message 1 is not a chat message \(role str\)"),
+    ],
+)
+def test_a_chat_that_cannot_be_a_prompt_is_refused_in_one_line(prompt, refusal):
+    with pytest.raises(PromptShapeError, match=refusal):
+        verl_row({**VERL, "prompt": prompt})
+    # The same reading for a chat list in a generic row (TRL's conversational "prompt").
+    with pytest.raises(PromptShapeError, match=refusal):
+        generic_row({"prompt": prompt, "answer": "2"})
 
 
 def test_verl_row_on_real_aime24_parquet():

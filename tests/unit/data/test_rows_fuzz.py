@@ -4,9 +4,11 @@ hypothesis builds records of every recognised shape (POLARIS, GSM8K, verl, gener
 prompt and answer fields are missing, empty, whitespace, None, numbers, lists, dicts or very long,
 and checks:
 
-    parse_row          returns None or a row with non-empty text prompt and stripped answer
+    parse_row          returns None or a row with non-empty text prompt and stripped answer, or
+                       refuses a chat list that cannot be a prompt (PromptShapeError, one line)
     load_rows (jsonl)  len(rows) + skipped == records, Row.index == position, the same rows
-                       parse_row keeps; DataError (one line, naming the file) only when none is
+                       parse_row keeps; DataError (one line, naming the file) only when none is,
+                       or naming the file and the record parse_row refuses
     tokenize_prompts   any non-empty text tokenises; prompts over the limit are dropped and counted
     parse_difficulty   any input gives None or a fraction in [0, 1]
     selection          any band / val_fraction a recipe accepts gives rows or a DataError
@@ -26,7 +28,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from grpo_ray.config import ConfigError, config_from_dict
-from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, parse_difficulty, parse_row
+from grpo_ray.data.formats import (
+    GENERIC_ANSWER_FIELDS,
+    GENERIC_PROMPT_FIELDS,
+    PromptShapeError,
+    parse_difficulty,
+    parse_row,
+)
 from grpo_ray.data.loaders import DataError, Row, load_rows
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.data.selection import in_difficulty_band, split_validation, with_instruction
@@ -117,9 +125,22 @@ def assert_usable(prompt, answer):
 @example({"question": "q", "answer": "#### 1" + " " * 30_000 + "x"}, None, None)  # quadratic regex
 @example({"problem": "p", "answer": "1", "difficulty": "1" * 400 + "/1"}, None, None)
 def test_parse_row_keeps_only_usable_rows(record, prompt_field, answer_field):
-    parsed = parse_row(record, prompt_field, answer_field)
+    try:
+        parsed = parse_row(record, prompt_field, answer_field)
+    except PromptShapeError as err:
+        assert "\n" not in str(err) and str(err).startswith(("the prompt's last message", "prompt message")), err
+        return
     if parsed is not None:
         assert_usable(parsed.prompt, parsed.answer)
+        assert all(isinstance(message["content"], str) for message in parsed.context)
+
+
+def outcome(record):
+    """parse_row's row, None, or the line of its refusal."""
+    try:
+        return parse_row(record)
+    except PromptShapeError as err:
+        return str(err)
 
 
 KNOWN_FIELDS = ("difficulty", "reward_model") + GENERIC_PROMPT_FIELDS + GENERIC_ANSWER_FIELDS
@@ -132,8 +153,11 @@ KNOWN_FIELDS = ("difficulty", "reward_model") + GENERIC_PROMPT_FIELDS + GENERIC_
 def test_a_none_field_counts_as_absent(record, filled):
     # What `datasets` does to a row of a file mixing shapes: every column present, None where absent.
     as_loaded = {name: None for name in filled} | record
-    parsed, parsed_as_loaded = parse_row(record), parse_row(as_loaded)
-    assert (parsed and parsed[:2]) == (parsed_as_loaded and parsed_as_loaded[:2])
+    parsed, parsed_as_loaded = outcome(record), outcome(as_loaded)
+    if isinstance(parsed, str):
+        assert parsed == parsed_as_loaded
+    else:
+        assert (parsed and parsed[:2]) == (parsed_as_loaded and parsed_as_loaded[:2])
 
 
 @FUZZ
@@ -176,14 +200,20 @@ def test_load_rows_skips_and_counts(recs):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "rows.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-        usable = [i for i, r in enumerate(recs) if parse_row(r) is not None]
+        outcomes = [outcome(r) for r in recs]
+        usable = [i for i, parsed in enumerate(outcomes) if isinstance(parsed, tuple)]
+        refused = next((i for i, parsed in enumerate(outcomes) if isinstance(parsed, str)), None)
         try:
             rows, skipped = load_rows(str(path))
         except DataError as err:
             message = str(err)
             assert "\n" not in message and message.startswith(f"{path}: "), message
-            assert not usable, message
+            if refused is not None:
+                assert message == f"{path}: record {refused} (counting from 0): {outcomes[refused]}"
+            else:
+                assert not usable, message
             return
+        assert refused is None
     assert len(rows) + skipped == len(recs)
     assert [row.index for row in rows] == usable
     for row in rows:
