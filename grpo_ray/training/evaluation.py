@@ -27,7 +27,27 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     run.console.phase(None)
     metrics = heldout_metrics(cfg, scored)
     run.tracker.log_metrics(step, metrics)
+    if failed := round(metrics["eval/failed"] * metrics["eval/samples"]):
+        # An accuracy of 0.000 from samples that failed reads as a model that knows nothing: say so.
+        run.console.info(
+            f"step {step}: {failed} of {metrics['eval/samples']:.0f} held-out samples failed (an episode that "
+            f"failed, or a reward that could not score) and count as wrong{_first_error(scored)}"
+        )
     return metrics["eval/accuracy"]
+
+
+def _failed_samples(scored: list[ScoredSlice], scores: np.ndarray) -> int:
+    """Samples the first function could not score, or whose episode failed (scored as it ended)."""
+    failed = np.isnan(np.asarray(scores, dtype=np.float64))
+    if "failed" in scored[0].episode_stats:
+        failed |= np.concatenate([s.episode_stats["failed"] for s in scored]).astype(bool)
+    return int(failed.sum())
+
+
+def _first_error(scored: list[ScoredSlice]) -> str:
+    """The first line of why: an episode's own failure, else a reward function's error."""
+    lines = [line for s in scored for line in (*s.episode_errors.values(), *s.first_errors.values()) if line]
+    return f"; the first: {lines[0]}" if lines else ""
 
 
 def eval_sampling(cfg: Config, stage: StagePlan, step: int) -> SamplingSettings:
@@ -50,6 +70,8 @@ def heldout_metrics(cfg: Config, scored: list[ScoredSlice]) -> dict[str, float]:
     scores = np.concatenate([s.per_function[first] for s in scored])
     return {
         "eval/accuracy": mean_accuracy(scores),
+        "eval/samples": float(len(scores)),
+        "eval/failed": _failed_samples(scored, scores) / len(scores) if len(scores) else 0.0,  # counted as wrong
         "eval/reward_mean": finite_mean(np.concatenate([s.rewards for s in scored])),
         **eval_source_accuracies([s.per_function for s in scored]),
     }

@@ -87,6 +87,12 @@ def test_a_broken_environment_is_named_counted_and_stops_the_run_with_its_figure
 
     lines = out.getvalue().splitlines()
     assert "step 0: held-out accuracy 0.000" in lines  # every held-out sample failed, counted as wrong
+    # ... and the console says so, with the first reset's own error, before the 0.000.
+    [unscored] = [line for line in lines if "held-out samples failed" in line]
+    assert (
+        unscored.startswith("step 0: ")
+        and "count as wrong; the first: Calculator.reset failed: RuntimeError: no puzzle today" in unscored
+    ), unscored
     # The tool: said once, after step 3's episodes (before its step line), with the tool's own error.
     [notice] = [i for i, line in enumerate(lines) if line.startswith("warning:")]
     assert lines[notice].startswith("warning: every one of the ") and lines[notice + 1].startswith("step 3/6")
