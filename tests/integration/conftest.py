@@ -81,10 +81,12 @@ def own_ports(metrics: int | None = None) -> list[str]:
 
 
 @contextlib.contextmanager
-def ray_head(metrics_port: int | None = None, loopback_only: bool = False):
+def ray_head(metrics_port: int | None = None, loopback_only: bool = False, head_args: tuple[str, ...] = ()):
     """`ray start --head` on 127.0.0.1 with its own temp dir and ports, so that its processes (and
-    only they: not another test's Ray, nor a developer's) are found and stopped afterwards.
-    Yields the head's GCS address and its temp dir.
+    only they: not another test's Ray, nor a developer's) are found and stopped afterwards, with
+    those of every node started into it. Yields the head's GCS address and its temp dir. (`ray stop`
+    stops every Ray on the machine: a developer's training run beside the tests lost its raylet.)
+    head_args: more options of `ray start --head` (a later --include-dashboard wins).
 
     loopback_only: every server binds 127.0.0.1 (see cluster/session.py: _local_node); its drivers
     then need RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 too, or they look for the GCS on the network address."""
@@ -104,6 +106,7 @@ def ray_head(metrics_port: int | None = None, loopback_only: bool = False):
                 "--include-dashboard=false",
                 f"--temp-dir={temp_dir}",
                 *own_ports(metrics_port),
+                *head_args,
             ],
             capture_output=True,
             text=True,

@@ -19,7 +19,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import free_ports, own_ports, ray_processes
+from .conftest import free_ports, own_ports, ray_head, ray_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -45,35 +45,25 @@ def job_status(cluster, job: str) -> str:
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    port, dashboard = free_ports(2)
-    try:
+    (dashboard,) = free_ports(1)
+    head = (
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard}",
+        '--resources={"learner_node": 1}',
+    )
+    with ray_head(head_args=head) as (gcs, temp_dir):
         ray_cli(
             "start",
-            "--head",
-            "--node-ip-address=127.0.0.1",
-            f"--port={port}",
-            "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard}",
-            '--resources={"learner_node": 1}',
-            *own_ports(),
-        )
-        ray_cli(
-            "start",
-            f"--address=127.0.0.1:{port}",
+            f"--address={gcs}",
             "--node-ip-address=127.0.0.1",
             '--resources={"rollout_node": 2}',
             "--labels=pool=rollout",
             *own_ports(),
         )
-        yield {
-            "gcs": f"127.0.0.1:{port}",
-            "dashboard": f"http://127.0.0.1:{dashboard}",
-            "nodes": node_ids(f"127.0.0.1:{port}"),
-        }
-    finally:
-        ray_cli("stop", "--force", check=False)
-    assert not ray_processes()
+        yield {"gcs": gcs, "dashboard": f"http://127.0.0.1:{dashboard}", "nodes": node_ids(gcs)}
+    # Both nodes' daemons ran under the head's temp dir, and ray_head stopped them all.
+    assert not [line for line in ray_processes() if temp_dir in line]
 
 
 def node_ids(address: str) -> dict[str, str]:

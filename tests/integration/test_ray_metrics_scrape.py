@@ -19,6 +19,8 @@ import pytest
 from grpo_ray.cluster.ray_metrics import EXPORTED_NAMES
 from grpo_ray.transport.broadcast import free_port
 
+from .conftest import ray_head
+
 ROOT = Path(__file__).resolve().parents[2]
 # Ray's own metrics the dashboard queries that a CPU-only head serves too.
 RAY_OWN = {"ray_node_cpu_utilization", "ray_node_mem_used_host", "ray_node_mem_total_host"}
@@ -26,30 +28,9 @@ RAY_OWN = {"ray_node_cpu_utilization", "ray_node_mem_used_host", "ray_node_mem_t
 
 @pytest.fixture()
 def metrics_head():
-    port, metrics_port = free_port(), free_port()
-    ray_bin = Path(sys.executable).with_name("ray")
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    subprocess.run(
-        [
-            str(ray_bin),
-            "start",
-            "--head",
-            "--node-ip-address=127.0.0.1",
-            f"--port={port}",
-            f"--metrics-export-port={metrics_port}",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
-    try:
-        yield f"127.0.0.1:{port}", metrics_port
-    finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, env=env, timeout=120)
+    metrics_port = free_port()
+    with ray_head(metrics_port=metrics_port) as (address, _):  # its own Ray, stopped alone
+        yield address, metrics_port
 
 
 def scrape(port: int) -> set[str]:
