@@ -45,14 +45,20 @@ def local_ray():
 
 
 def ray_processes() -> list[str]:
-    """Command lines of Ray's own daemons still running on this machine."""
+    """Command lines of Ray's own daemons of this checkout's Ray still running on this machine
+    (another checkout's, e.g. a developer's run in the main tree beside a fresh clone's tests, is not
+    these tests' to count: three "nothing left behind" checks failed on one)."""
     # A zombie (state Z, "<defunct>") is a process that has already died and waits to be reaped by
     # its parent (init, for daemons that `ray stop` killed): it holds nothing.
     out = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True, check=True).stdout
+    ours = str(Path(sys.prefix).resolve())
     return [
         line.split(None, 1)[1]
         for line in out.splitlines()
-        if ("raylet" in line or "gcs_server" in line) and "grep" not in line and not line.lstrip().startswith("Z")
+        if ("raylet" in line or "gcs_server" in line)
+        and "grep" not in line
+        and not line.lstrip().startswith("Z")
+        and ours in line
     ]
 
 
