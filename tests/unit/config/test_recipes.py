@@ -44,6 +44,7 @@ def test_the_expected_recipes_are_shipped():
         "gsm8k-ref7b.yaml",
         "tldr.yaml",
         "smollm2-arithmetic.yaml",
+        "smollm2-tools.yaml",
     } <= {p.name for p in RECIPES}
 
 
