@@ -58,7 +58,7 @@ def restore(run: Run, folder: Path, state: TrainerState) -> Progress:
     run.builder.load_state_dict(state.builder, run.inputs.train_prompts)
     if state.kl_controller is not None:  # absent in checkpoints from before algorithm.kl_controller
         run.kl.load_state_dict(state.kl_controller)
-    run.sync.sync(state.step, run.inputs.probe, run.cfg.weight_sync.probe_tolerance)
+    run.sync.sync(state.step, run.sync_probe, run.cfg.weight_sync.probe_tolerance)
     return Progress(
         step=state.step,
         stage_index=state.stage_index,

@@ -73,6 +73,9 @@ class Run:
     recipe_hash: str = ""
 
     def __post_init__(self) -> None:
+        # The probe later syncs check: none when weight_sync.probe_every is 0 (the broadcaster is then
+        # built without one, and a recovery's resend must not ask for one either).
+        self.sync_probe = probe = self.inputs.probe if self.cfg.weight_sync.probe_every else None
         self.sync = WeightBroadcaster(
             self.workers.learners,
             self.workers.rollouts,
@@ -86,7 +89,7 @@ class Run:
             sleeps=self.cfg.rollout.vllm.sleep_level > 0,
             # Scored now, while every role holds the starting weights (a resumed
             # run's too: the checkpoint loads later): each engine's baseline.
-            probe=self.inputs.probe if self.cfg.weight_sync.probe_every else None,
+            probe=probe,
         )
         self.probe_notice_given = False  # the first undecided probe says so in one line; the rest are metrics
         self.recovery = WorkerRecovery(
@@ -94,7 +97,7 @@ class Run:
             self.workers.rewards,
             max_restarts=self.cfg.ray.max_actor_restarts,
             log=self.console.info,
-            resync=lambda: self.sync.resend(self.inputs.probe, self.cfg.weight_sync.probe_tolerance),
+            resync=lambda: self.sync.resend(probe, self.cfg.weight_sync.probe_tolerance),
             with_weights=self.sync.with_kept_weights,
         )
         self.builder = BatchBuilder(

@@ -20,6 +20,9 @@ SETTINGS = [
     "train.keep_checkpoints=10",
     "data.eval_limit=20",
     "rollout.max_staleness=1",
+    # No weight probe: the resume's sync asked a broadcaster built without one for it and crashed
+    # ("construct it with the probe"), as a recovery's resend did.
+    "weight_sync.probe_every=0",
 ]
 
 
