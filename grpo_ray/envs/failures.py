@@ -160,7 +160,9 @@ class EnvironmentMonitor:
             tried = f"; {unparsable} calls it wrote could not be parsed" if unparsable else ""
             return (
                 f"warning: the model called none of the environment's tools in {steps} ({episodes} episodes{tried}): "
-                "it may not know them or their call format (docs/agents.md: a recipe that learns to use a tool)"
+                "it may not know them or their call format, and many chat templates (smollm2-135m's, tiny-tools') "
+                "drop the tools they are given: show them in reset's messages (docs/agents.md: a tool the model "
+                "does not know)"
             )
         if errors >= calls:
             first = self._seen.errors.get("tool", "no error message")

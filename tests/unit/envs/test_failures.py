@@ -104,7 +104,9 @@ def test_tools_never_called_are_named_once_after_the_first_steps():
     assert notices[:2] == [None, None] and notices[3:] == [None, None]
     assert notices[2] == (
         "warning: the model called none of the environment's tools in 3 steps (96 episodes; 6 calls it wrote could "
-        "not be parsed): it may not know them or their call format (docs/agents.md: a recipe that learns to use a tool)"
+        "not be parsed): it may not know them or their call format, and many chat templates (smollm2-135m's, "
+        "tiny-tools') drop the tools they are given: show them in reset's messages (docs/agents.md: a tool the model "
+        "does not know)"
     )
 
 
