@@ -55,7 +55,7 @@ from grpo_ray.training import interrupts
 from grpo_ray.training.checkpoint import read_state, resume_point, run_hashes, set_aside
 from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError, RunStoppedError
 from grpo_ray.training.evaluation import heldout_accuracy
-from grpo_ray.training.metrics import step_metrics
+from grpo_ray.training.metrics import accuracy_change, accuracy_text, step_metrics
 from grpo_ray.training.preflight import preflight
 from grpo_ray.training.opening import (
     open_tracker,
@@ -127,7 +127,7 @@ def _start(run: Run) -> Progress:
         run.sync.sync(0, None, run.cfg.weight_sync.probe_tolerance)
     stages = plan_stages(run.cfg)
     accuracy = heldout_accuracy(run, stages[0], step=0)
-    run.console.info(f"step 0: held-out accuracy {accuracy:.3f}")
+    run.console.info(f"step 0: held-out accuracy {accuracy_text(accuracy)}")
     return Progress(accuracy={0: accuracy})
 
 
@@ -168,9 +168,8 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
     model_dir = run.workers.save_model(run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
     checkpoint(run, progress, finished=True)
-    run.console.info(
-        f"done: held-out accuracy {progress.accuracy[0]:.3f} -> {progress.accuracy[step]:.3f}; model in {model_dir}"
-    )
+    change = accuracy_change(progress.accuracy[0], progress.accuracy[step])
+    run.console.info(f"done: held-out accuracy {change}; model in {model_dir}")
     return TrainResult(
         run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics
     )

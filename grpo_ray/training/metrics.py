@@ -6,6 +6,8 @@ does), not only the rows that trained after filtering or substitution (what it l
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from grpo_ray.envs.failures import FAILURE_KINDS
@@ -88,3 +90,17 @@ def step_metrics(
         metrics["sync/probe_moved"] = synced.probe.moved
         metrics["sync/probe_kernel_gap"] = synced.probe.kernel_gap
     return metrics
+
+
+def accuracy_text(accuracy: float) -> str:
+    """A held-out accuracy as the console says it; NaN is a run without held-out prompts."""
+    if math.isnan(accuracy):
+        return "not measured (no held-out prompts: data.eval_files is empty and data.val_fraction 0)"
+    return f"{accuracy:.3f}"
+
+
+def accuracy_change(first: float, last: float) -> str:
+    """ "0.080 -> 0.695", the done line's; said once when nothing was measured."""
+    if math.isnan(first) and math.isnan(last):
+        return accuracy_text(first)
+    return f"{accuracy_text(first)} -> {accuracy_text(last)}"

@@ -139,3 +139,11 @@ def test_episodes_figures_are_means_and_their_failures_counted_by_kind():
     # Failures are episodes counted, not a mean: "1 reset timed out" reads as it is.
     assert (metrics["env_failures/reset_timeouts"], metrics["env_failures/lost_with_process"]) == (1.0, 1.0)
     assert "episode/reset_timeouts" not in metrics
+
+
+def test_a_run_without_held_out_prompts_says_so_rather_than_nan():
+    from grpo_ray.training.metrics import accuracy_change, accuracy_text
+
+    assert accuracy_text(0.6954) == "0.695" and accuracy_change(0.08, 0.695) == "0.080 -> 0.695"
+    nothing = "not measured (no held-out prompts: data.eval_files is empty and data.val_fraction 0)"
+    assert accuracy_text(float("nan")) == nothing and accuracy_change(float("nan"), float("nan")) == nothing
