@@ -95,7 +95,7 @@ def test_ctrl_c_ends_validate_while_it_waits_for_a_cluster_and_leaves_nothing(no
         deadline = time.monotonic() + 120
         while len(not_a_gcs.accepted) < 2 and time.monotonic() < deadline:  # the TCP check, then the GCS question
             time.sleep(0.1)
-        assert len(not_a_gcs.accepted) >= 2, "validate never asked the address"
+        assert len(not_a_gcs.accepted) >= 2, f"validate never asked the address (exit {child.poll()})"
         time.sleep(1)  # inside the GCS question (11 s)
         os.kill(child.pid, signal.SIGINT)
         started = time.monotonic()
@@ -107,12 +107,12 @@ def test_ctrl_c_ends_validate_while_it_waits_for_a_cluster_and_leaves_nothing(no
     assert child.returncode == 130, output[-2000:]
     # Its line comes at once (0.3 s measured); Python's own exit, unloading torch, transformers and
     # Ray, takes 1-2 s more on a busy 2-core machine. Before, only SIGKILL ended it.
-    assert stopped_in < 10, f"{stopped_in:.1f} s after Ctrl-C"
-    assert "interrupted" in output and "Failed to connect to GCS" not in output
-    assert session_ended(child.pid), "a process of validate's session outlived it"
+    assert stopped_in < 20, f"{stopped_in:.1f} s after Ctrl-C: {output[-2000:]}"  # ample on a loaded machine
+    assert "interrupted" in output and "Failed to connect to GCS" not in output, output[-2000:]
+    assert session_ended(child.pid), f"a process of validate's session outlived it: {alive_in(child.pid)}"
 
 
-def session_ended(session: int, within_s: float = 10.0) -> bool:
+def session_ended(session: int, within_s: float = 30.0) -> bool:
     """No process left in the session (a helper that notices its parent is gone takes a moment)."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -120,6 +120,14 @@ def session_ended(session: int, within_s: float = 10.0) -> bool:
             return True  # (a zombie is already gone: only its parent's wait is left, and PID 1 here may never)
         time.sleep(0.2)
     return False
+
+
+def alive_in(session: int) -> list[str]:
+    alive = []
+    for process in psutil.process_iter(["status", "cmdline"]):
+        if _in(process, session) and process.info["status"] != psutil.STATUS_ZOMBIE:
+            alive.append(" ".join((process.info["cmdline"] or [])[:4]))
+    return alive
 
 
 def _in(process: psutil.Process, session: int) -> bool:

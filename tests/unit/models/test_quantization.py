@@ -43,7 +43,7 @@ def test_bitsandbytes_quantises_here(kind):
 
 def test_validate_accepts_qlora_where_bitsandbytes_runs():
     pytest.importorskip("bitsandbytes")
-    result = CliRunner().invoke(main, ["validate", TINY, *QLORA])
+    result = CliRunner().invoke(main, ["validate", TINY, *QLORA, "--verbose"])  # --verbose: the resolved config
     assert result.exit_code == 0, result.output
     assert "quantization: 4bit" in result.output
 
