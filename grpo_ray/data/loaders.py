@@ -9,7 +9,6 @@ built-in models' offline tasks.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,34 +81,12 @@ def check_hub_dataset(repo_id: str, field: str) -> None:
     """DataError (one line naming `field`) unless the hub dataset is in this machine's cache or
     answers on the hub in one short request: `datasets` itself retries an unreachable hub for about
     a minute, printing each retry, and its final error names no field."""
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub import constants
 
-    from grpo_ray.models.hub import HUB_TIMEOUT_S
+    from grpo_ray.models.hub import check_hub_answers
 
-    cached = Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}"
-    if cached.is_dir():
-        return
-    local = "or give a local jsonl/json/parquet/arrow file"
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):  # read now: tests and users set it late
-        raise DataError(
-            f"{field}: {repo_id} is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is set; "
-            f"download it first (hf download --repo-type dataset {repo_id}) {local}"
-        )
-    try:
-        HfApi().dataset_info(repo_id, timeout=HUB_TIMEOUT_S)
-    except GatedRepoError:
-        raise DataError(
-            f"{field}: {repo_id} is gated on the Hugging Face hub; accept its terms there {local}"
-        ) from None
-    except RepositoryNotFoundError:
-        raise DataError(f"{field}: no dataset {repo_id} on the Hugging Face hub; check the id {local}") from None
-    except Exception as err:  # noqa: BLE001 - no route, DNS, proxy, TLS, timeout: all mean "not reachable"
-        raise DataError(
-            f"{field}: {repo_id} is a hub id, but the Hugging Face hub cannot be reached from here "
-            f"({first_line(err)}) and it is not in the local cache; download it where the hub is reachable "
-            f"(hf download --repo-type dataset {repo_id}) {local}"
-        ) from None
+    if not (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}").is_dir():
+        check_hub_answers(repo_id, field, "dataset", DataError, "give a local jsonl/json/parquet/arrow file")
 
 
 def load_rows(

@@ -43,34 +43,42 @@ def check_model_source(source: str, field: str) -> None:
 
 
 def check_hub_id(repo_id: str, field: str) -> None:
-    from huggingface_hub import HfApi, try_to_load_from_cache
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub import try_to_load_from_cache
 
     cached = any(
         isinstance(try_to_load_from_cache(repo_id, name), str) for name in ("config.json", "tokenizer_config.json")
     )
-    if cached:
-        return
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
-        raise ModelLoadError(
+    if not cached:
+        check_hub_answers(repo_id, field, "model", ModelLoadError, "give a local folder")
+
+
+def check_hub_answers(repo_id: str, field: str, repo_type: str, error: type[Exception], instead: str) -> None:
+    """`error` (one line naming `field`, ending with `instead`) unless the hub answers for the model or
+    dataset `repo_id` in one short request; for one not in this machine's cache (the caller asked)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    download = "hf download" + (f" --repo-type {repo_type}" if repo_type != "model" else "")
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):  # read now: tests and users set it late
+        raise error(
             f"{field}: {repo_id} is not in this machine's Hugging Face cache and HF_HUB_OFFLINE is "
-            f"set; download it first (hf download {repo_id}) or give a local folder"
+            f"set; download it first ({download} {repo_id}) or {instead}"
         )
     try:
-        HfApi().model_info(repo_id, timeout=HUB_TIMEOUT_S)
+        HfApi().repo_info(repo_id, repo_type=repo_type, timeout=HUB_TIMEOUT_S)
     except GatedRepoError:
-        raise ModelLoadError(
+        raise error(
             f"{field}: {repo_id} is gated on the Hugging Face hub; accept its terms there and log "
-            "in (hf auth login), or give a local folder"
+            f"in (hf auth login), or {instead}"
         ) from None
     except RepositoryNotFoundError:
-        raise ModelLoadError(
-            f"{field}: no model {repo_id} on the Hugging Face hub (a private one needs hf auth "
-            "login); check the id, or give a local folder"
+        raise error(
+            f"{field}: no {repo_type} {repo_id} on the Hugging Face hub (a private one needs hf auth "
+            f"login); check the id, or {instead}"
         ) from None
     except Exception as err:  # noqa: BLE001 - no route, DNS, proxy, TLS, timeout: all mean "not reachable"
-        raise ModelLoadError(
+        raise error(
             f"{field}: {repo_id} is a hub id, but the Hugging Face hub cannot be reached from here "
             f"({first_line(err)}) and it is not in the local cache; download it where the hub is "
-            "reachable (hf download) or give a local folder"
+            f"reachable ({download}) or {instead}"
         ) from None
