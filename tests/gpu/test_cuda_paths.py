@@ -13,6 +13,8 @@ from grpo_ray.models.loading import load_causal_lm, load_named_weights, load_tok
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 from grpo_ray.types import LearnerShard, RolloutSlice
 
+from ..conftest import tiny_learner_settings
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -54,6 +56,21 @@ def _batch(vocab: int) -> RolloutSlice:
     )
 
 
+def whole_batch_shard(
+    batch: RolloutSlice, advantages: np.ndarray, temperature: float = 1.0, step: int = 1
+) -> LearnerShard:
+    """The shard of a one-rank learner that trains on all of `batch` (every row weighs 1)."""
+    return LearnerShard(
+        step=step,
+        advantages=[advantages],
+        row_weights=[np.ones(len(advantages), np.float32)],
+        global_tokens=float(batch.completion_mask.sum()),
+        global_sequences=len(advantages),
+        temperature=temperature,
+        norm_length=float(COMPLETION),
+    )
+
+
 def _cpu_step(model_dir, batch, advantages, lr):
     """The learner's loss and one AdamW step, computed on the CPU by hand."""
     model = load_causal_lm(model_dir, "float32")
@@ -86,43 +103,16 @@ def _cpu_step(model_dir, batch, advantages, lr):
 
 
 def test_learner_step_on_cuda_matches_the_cpu_computation(tiny_model_dir):
-    from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+    from grpo_ray.actors.learner import LearnerWorker
     from grpo_ray.transport.broadcast import free_port
 
-    settings = LearnerSettings(
-        model_path=tiny_model_dir,
-        tokenizer_path=tiny_model_dir,
-        dtype="float32",
-        seed=0,
-        zero_stage=0,
-        micro_batch_size=ROWS,
-        grad_accum_steps=1,
-        lr=LR,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=1e9,
-        torch_threads=1,
-        clip_low=0.2,
-        clip_high=0.28,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        entropy_coef=0.0,
-        loss_aggregation="token-mean",
-    )
+    settings = tiny_learner_settings(micro_batch_size=ROWS, lr=LR, grad_clip=1e9)
     learner = LearnerWorker(settings, rank=0, world_size=1)
     learner.setup("127.0.0.1", free_port())
     assert learner.engine.device.type == "cuda"
     batch = _batch(learner.module.config.vocab_size)
     advantages = np.linspace(-1, 1, ROWS).astype(np.float32)
-    shard = LearnerShard(
-        step=1,
-        advantages=[advantages],
-        row_weights=[np.ones(ROWS, np.float32)],
-        global_tokens=float(batch.completion_mask.sum()),
-        global_sequences=ROWS,
-        temperature=1.0,
-        norm_length=float(COMPLETION),
-    )
+    shard = whole_batch_shard(batch, advantages)
     stats = learner.train_step(shard, batch)
 
     loss, cpu_after = _cpu_step(tiny_model_dir, batch, advantages, LR)

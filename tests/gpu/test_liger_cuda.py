@@ -11,6 +11,7 @@ import torch
 from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.packing import micro_batch_logprobs
 
+from ..conftest import QWEN2_VOCAB, random_qwen2
 from .test_packing_cuda import _rows
 
 pytestmark = [
@@ -18,23 +19,13 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-QWEN2_VOCAB = 151_936
-
 
 def _qwen2_vocab_model(dtype):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=QWEN2_VOCAB,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
+    """2 layers, 256 wide, a tied LM head."""
+    shape = dict(
+        hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
     )
-    return Qwen2ForCausalLM(config).to(dtype).cuda()
+    return random_qwen2(**shape, tie_word_embeddings=True).to(dtype).cuda()
 
 
 def test_the_learner_takes_liger_on_a_gpu():

@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_ray.models.tiny import ensure_tiny_artifacts
-from grpo_ray.types import LearnerShard
-
-from .test_cuda_paths import COMPLETION, ROWS, _batch
+from ..conftest import tiny_learner_settings
+from .test_cuda_paths import ROWS, _batch, whole_batch_shard
 
 pytestmark = [
     pytest.mark.gpu,
@@ -40,29 +38,13 @@ def test_a_bf16_lora_learner_keeps_its_base_frozen_and_its_adapters_in_the_compu
 
 
 def _check(zero_stage: int) -> None:
-    from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+    from grpo_ray.actors.learner import LearnerWorker
     from grpo_ray.transport.broadcast import free_port
 
-    model_dir = str(ensure_tiny_artifacts().model_dir)
-    settings = LearnerSettings(
-        model_path=model_dir,
-        tokenizer_path=model_dir,
+    settings = tiny_learner_settings(
         dtype="bfloat16",
-        seed=0,
         zero_stage=zero_stage,
         micro_batch_size=ROWS,
-        grad_accum_steps=1,
-        lr=1e-3,
-        weight_decay=0.0,
-        betas=(0.9, 0.999),
-        grad_clip=1.0,
-        torch_threads=1,
-        clip_low=0.2,
-        clip_high=0.28,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        entropy_coef=0.0,
-        loss_aggregation="token-mean",
         lora_enabled=True,
         lora_rank=16,
         lora_alpha=32.0,
@@ -79,16 +61,7 @@ def _check(zero_stage: int) -> None:
     adapters_before = {name: named[name].detach().float().clone() for name in trainable}
 
     batch = _batch(learner.module.config.vocab_size)
-    advantages = np.linspace(-1, 1, ROWS).astype(np.float32)
-    shard = LearnerShard(
-        step=1,
-        advantages=[advantages],
-        row_weights=[np.ones(ROWS, np.float32)],
-        global_tokens=float(batch.completion_mask.sum()),
-        global_sequences=ROWS,
-        temperature=1.0,
-        norm_length=float(COMPLETION),
-    )
+    shard = whole_batch_shard(batch, np.linspace(-1, 1, ROWS).astype(np.float32))
     learner.train_step(shard, batch)
     named = dict(learner.module.named_parameters())
     assert all(torch.equal(named[name], before) for name, before in base_before.items()), "a base weight moved"

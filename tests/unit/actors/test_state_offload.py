@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_ray.models.tiny import ensure_tiny_artifacts
 
-from ...gpu.test_cuda_paths import COMPLETION, ROWS, _batch
+from ...conftest import tiny_learner_settings
+from ...gpu.test_cuda_paths import ROWS, _batch, whole_batch_shard
 
 AWAY = ["lp_grads", "optim_states"]  # DeepSpeed's names of Adam's moments and the gradients
 
@@ -93,52 +93,18 @@ def _learner(offload: bool, out: Path) -> None:
     """Three updates (a checkpoint after the second), then a resume from it and the third again."""
     import torch
 
-    from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+    from grpo_ray.actors.learner import LearnerWorker
     from grpo_ray.transport.broadcast import free_port
-    from grpo_ray.types import LearnerShard
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    model_dir = str(ensure_tiny_artifacts().model_dir)
-    learner = LearnerWorker(
-        LearnerSettings(
-            model_path=model_dir,
-            tokenizer_path=model_dir,
-            dtype="float32",
-            seed=0,
-            zero_stage=2,
-            micro_batch_size=4,
-            grad_accum_steps=2,
-            lr=1e-3,
-            weight_decay=0.0,
-            betas=(0.9, 0.999),
-            grad_clip=1.0,
-            torch_threads=1,
-            clip_low=0.2,
-            clip_high=0.28,
-            kl_coef=0.0,
-            kl_estimator="k3",
-            entropy_coef=0.0,
-            loss_aggregation="token-mean",
-            offload_states_between_updates=offload,
-        ),
-        rank=0,
-        world_size=1,
-    )
+    settings = tiny_learner_settings(zero_stage=2, grad_accum_steps=2, offload_states_between_updates=offload)
+    learner = LearnerWorker(settings, rank=0, world_size=1)
     learner.setup("127.0.0.1", free_port())
     batch = _batch(learner.module.config.vocab_size)
 
     def step(k: int) -> dict:
         advantages = np.roll(np.linspace(-1, 1, ROWS), k).astype(np.float32)
-        shard = LearnerShard(
-            step=k,
-            advantages=[advantages],
-            row_weights=[np.ones(ROWS, np.float32)],
-            global_tokens=float(batch.completion_mask.sum()),
-            global_sequences=ROWS,
-            temperature=1.0,
-            norm_length=float(COMPLETION),
-        )
-        return learner.train_step(shard, batch).metrics
+        return learner.train_step(whole_batch_shard(batch, advantages, step=k), batch).metrics
 
     def away() -> list[str]:
         return sorted(state.value for state in learner.engine.optimizer.offloaded_states)

@@ -11,7 +11,7 @@ from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
 from grpo_ray.models.shared_prompts import completion_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
-QWEN2_VOCAB = 151_936
+from ...conftest import QWEN2_VOCAB
 
 
 def _head_inputs(dtype, tokens=7, width=4, vocab=11, seed=0):

@@ -21,7 +21,9 @@ from grpo_ray.models.liger_logprobs import chosen_logprob_kernel, liger_version_
 from grpo_ray.models.loading import load_causal_lm
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
-QWEN2_VOCAB = 151_936
+from ...conftest import random_qwen2, tiny_learner_settings
+from ...gpu.test_cuda_paths import ROWS, _batch, whole_batch_shard
+
 LR = 1e-4
 
 
@@ -168,69 +170,15 @@ def _learner_step(kernel: str, out: str):
     """One learner step with `kernel`; its parameters and metrics (and a norm weight before) to `out`."""
     from pathlib import Path
 
-    from grpo_ray.actors.learner import LearnerSettings, LearnerWorker
+    from grpo_ray.actors.learner import LearnerWorker
     from grpo_ray.transport.broadcast import free_port
-    from grpo_ray.types import LearnerShard, RolloutSlice
 
-    rows, prompt, completion_len = 8, 6, 10
-    rng = np.random.default_rng(0)
-    attention = np.ones((rows, prompt + completion_len), np.int64)
-    attention[::2, -3:] = 0
-    completion = np.zeros(attention.shape, np.float32)
-    completion[:, prompt:] = attention[:, prompt:]
-    batch = RolloutSlice(
-        group_ids=np.arange(rows) // 4,
-        prompt_uids=np.arange(rows) // 4,
-        input_ids=rng.integers(1, 50, attention.shape).astype(np.int64) * attention,
-        attention_mask=attention,
-        completion_mask=completion,
-        rollout_logprobs=(-rng.random(attention.shape) * completion).astype(np.float32),
-        prompts=[""] * rows,
-        completions=[""] * rows,
-        answers=[""] * rows,
-        finish_reasons=["stop"] * rows,
-        row_fields={},
-        policy_versions=np.zeros(rows, np.int64),
-        group_diversity=np.full(rows, np.nan),
+    batch = _batch(50)
+    shard = whole_batch_shard(batch, np.linspace(-1, 1, ROWS).astype(np.float32), temperature=0.9)
+    settings = tiny_learner_settings(
+        grad_accum_steps=2, lr=LR, grad_clip=1e9, logprob_chunk_tokens=16, packing=True, logprob_kernel=kernel
     )
-    advantages = np.linspace(-1, 1, rows).astype(np.float32)
-    shard = LearnerShard(
-        step=1,
-        advantages=[advantages],
-        row_weights=[np.ones(rows, np.float32)],
-        global_tokens=float(completion.sum()),
-        global_sequences=rows,
-        temperature=0.9,
-        norm_length=float(completion_len),
-    )
-    model_dir = str(ensure_tiny_artifacts().model_dir)
-    learner = LearnerWorker(
-        LearnerSettings(
-            model_path=model_dir,
-            tokenizer_path=model_dir,
-            dtype="float32",
-            seed=0,
-            zero_stage=0,
-            micro_batch_size=4,
-            grad_accum_steps=2,
-            lr=LR,
-            weight_decay=0.0,
-            betas=(0.9, 0.999),
-            grad_clip=1e9,
-            torch_threads=1,
-            clip_low=0.2,
-            clip_high=0.28,
-            kl_coef=0.0,
-            kl_estimator="k3",
-            entropy_coef=0.0,
-            loss_aggregation="token-mean",
-            logprob_chunk_tokens=16,
-            packing=True,
-            logprob_kernel=kernel,
-        ),
-        rank=0,
-        world_size=1,
-    )
+    learner = LearnerWorker(settings, rank=0, world_size=1)
     learner.setup("127.0.0.1", free_port())
     assert learner.logprob_kernel == kernel
     before = learner.parameters_snapshot()["model.norm.weight"]
@@ -244,21 +192,7 @@ def _interpreted_checks():
     rows = [([5, 6, 7, 8], [9, 10]), ([11, 12], [13, 14, 15, 16, 30, 31, 32]), ([5, 6, 7, 8], [17]), ([11, 12], [])]
     _hidden_level()
     _model_level(load_causal_lm(str(ensure_tiny_artifacts().model_dir)), rows, 0)
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    qwen2_vocab = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=QWEN2_VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            tie_word_embeddings=False,
-        )
-    ).float()
-    _model_level(qwen2_vocab, rows, 150_000)
+    _model_level(random_qwen2(), rows, 150_000)
     print("interpreted checks passed: 3")
 
 
