@@ -119,36 +119,80 @@ def _rloo(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
 
 
 def _reinforce_pp_baseline(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
-    centred = groups.centred
-    if centred.numel() < 2:
-        return torch.zeros_like(centred)  # the batch std of one value is undefined
-    std = centred.std()
-    # Every group constant: nothing to whiten; keep 0 even when eps is 0.
+    centred, std = groups.centred, _batch_std(groups.centred)
+    # Every group constant (or one row): nothing to whiten; keep 0 even when eps is 0.
     return torch.where(std > 0, (centred - centred.mean()) / (std + eps), 0.0)
 
 
-AdvantageFn = Callable[[_Groups, bool, float], Tensor]
+def _batch_std(centred: Tensor) -> Tensor:
+    """The unbiased std of all N rows; 0 for fewer than two (the std of one value is undefined)."""
+    return centred.std() if centred.numel() > 1 else centred.new_zeros(())
 
-_ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, AdvantageFn] = {
-    AdvantageEstimator.GRPO: _grpo,
-    AdvantageEstimator.DR_GRPO: _dr_grpo,
-    AdvantageEstimator.RLOO: _rloo,
-    AdvantageEstimator.REINFORCE_PP_BASELINE: _reinforce_pp_baseline,
+
+# Per-turn slopes: how far a row's advantage moves per unit of its own reward, the group's baseline
+# and spread held (see `advantage_slopes`); rows of groups with no spread are zeroed there.
+
+
+def _grpo_slope(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    if not normalize_by_std:
+        return _unit_slope(groups, normalize_by_std, eps)
+    std = groups.stats.std[groups.inverse]
+    return torch.ones_like(std) / (std + eps)
+
+
+def _unit_slope(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    # dr_grpo: r_i - mean_g; rloo: r_i - the mean of the others, which leaves r_i out.
+    return torch.ones_like(groups.centred)
+
+
+def _reinforce_pp_baseline_slope(groups: _Groups, normalize_by_std: bool, eps: float) -> Tensor:
+    std = _batch_std(groups.centred)
+    return torch.where(std > 0, torch.ones_like(groups.centred) / (std + eps), 0.0)
+
+
+AdvantageFn = Callable[[_Groups, bool, float], Tensor]
+EstimatorName = AdvantageEstimator | str
+
+
+class Estimator(NamedTuple):
+    """An advantage estimator as registered: `advantages` [N], and `turn_slope` [N], what per-turn
+    credit needs (`advantage_slopes`), or None where the estimator has none: per-turn credit with it
+    is then refused, never credited with a guessed slope."""
+
+    advantages: AdvantageFn
+    turn_slope: AdvantageFn | None
+
+
+_ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, Estimator] = {
+    AdvantageEstimator.GRPO: Estimator(_grpo, turn_slope=_grpo_slope),
+    AdvantageEstimator.DR_GRPO: Estimator(_dr_grpo, turn_slope=_unit_slope),
+    AdvantageEstimator.RLOO: Estimator(_rloo, turn_slope=_unit_slope),
+    AdvantageEstimator.REINFORCE_PP_BASELINE: Estimator(
+        _reinforce_pp_baseline, turn_slope=_reinforce_pp_baseline_slope
+    ),
 }
 
 
-def get_advantage_estimator(estimator: AdvantageEstimator | str) -> AdvantageFn:
+def get_advantage_estimator(estimator: EstimatorName) -> Estimator:
     """Registry lookup; raises ValueError naming the valid choices for an unknown name."""
     return lookup(_ADVANTAGE_ESTIMATORS, AdvantageEstimator, estimator, "advantage estimator")
 
 
+def turn_slope(estimator: EstimatorName) -> AdvantageFn:
+    """The estimator's registered per-turn slope; a ValueError (one line: what to choose instead)
+    where it registers none, or the name is unknown."""
+    slope = get_advantage_estimator(estimator).turn_slope
+    if slope is None:
+        with_slopes = [name.value for name, entry in _ADVANTAGE_ESTIMATORS.items() if entry.turn_slope is not None]
+        raise ValueError(
+            f"advantage estimator {AdvantageEstimator(estimator).value!r} registers no per-turn slope, which "
+            f"per-turn credit (environment.reward_per_turn) needs; choose one of {with_slopes}"
+        )
+    return slope
+
+
 def compute_advantages(
-    estimator: AdvantageEstimator | str,
-    rewards: Tensor,
-    group_ids: Tensor,
-    *,
-    normalize_by_std: bool = True,
-    eps: float = 1e-6,
+    estimator: EstimatorName, rewards: Tensor, group_ids: Tensor, *, normalize_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """Advantages of N completions from their rewards and prompt groups.
 
@@ -162,20 +206,16 @@ def compute_advantages(
     Returns:
         [N] advantages, constant over each completion's tokens; no gradient is expected to flow.
     """
-    fn = get_advantage_estimator(estimator)
+    fn = get_advantage_estimator(estimator).advantages
     return fn(_groups(rewards, group_ids), normalize_by_std, eps)
 
 
 def advantage_slopes(
-    estimator: AdvantageEstimator | str,
-    rewards: Tensor,
-    group_ids: Tensor,
-    *,
-    normalize_by_std: bool = True,
-    eps: float = 1e-6,
+    estimator: EstimatorName, rewards: Tensor, group_ids: Tensor, *, normalize_by_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """[N] how far each row's advantage moves per unit of its own reward, its baseline held: what
     per-turn credit (environment.reward_per_turn) multiplies the reward a turn did not earn by.
+    Arguments as for `compute_advantages`; the estimator's registered `turn_slope` gives the value.
 
     A turn of an episode is credited with the reward earned from it on (reward-to-go): its advantage
     is the estimator's with r_i - e in place of r_i (e: what the steps before the turn earned) and
@@ -186,16 +226,9 @@ def advantage_slopes(
         reinforce_pp_baseline  1 / (batch std of r - mean_g + eps)
 
     A group with no spread (constant, or of one) has advantage 0 and slope 0: it carries no signal.
+    An estimator registered without a slope raises ValueError (`turn_slope`).
     """
-    get_advantage_estimator(estimator)  # an unknown name: ValueError listing the choices
-    estimator = AdvantageEstimator(estimator)
+    slope = turn_slope(estimator)
     groups = _groups(rewards, group_ids)
-    std = groups.stats.std[groups.inverse]
-    spread = std > 0
-    one = torch.ones_like(std)
-    if estimator is AdvantageEstimator.GRPO and normalize_by_std:
-        return torch.where(spread, one / (std + eps), 0.0)
-    if estimator is AdvantageEstimator.REINFORCE_PP_BASELINE:
-        batch_std = groups.centred.std() if groups.centred.numel() > 1 else groups.centred.new_zeros(())
-        return torch.where(spread & (batch_std > 0), one / (batch_std + eps), 0.0)
-    return torch.where(spread, one, 0.0)
+    spread = groups.stats.std[groups.inverse] > 0
+    return torch.where(spread, slope(groups, normalize_by_std, eps), 0.0)

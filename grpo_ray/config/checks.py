@@ -4,6 +4,7 @@ neither module imports the other."""
 
 from __future__ import annotations
 
+from grpo_ray.algo.advantages import turn_slope
 from grpo_ray.config.plans import check_plans
 from grpo_ray.config.schema import Config, ConfigError
 from grpo_ray.config.training_plan import check_training
@@ -17,3 +18,8 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             "environment.reward_per_turn: per-turn credit is for episodes; set environment.spec, or leave it false"
         )
+    if cfg.environment.reward_per_turn:
+        try:
+            turn_slope(cfg.algorithm.advantage)
+        except ValueError as err:
+            raise ConfigError(f"algorithm.advantage: {err}, or set environment.reward_per_turn: false") from None

@@ -170,3 +170,34 @@ def test_advantage_slopes_turn_the_reward_a_turn_did_not_earn_into_its_advantage
     assert torch.allclose(pp, torch.tensor([0.5**-0.5, 0.5**-0.5, 0.0, 0.0, 0.0]))
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
         advantage_slopes("ppo", rewards, groups)
+
+
+def test_an_estimator_registered_without_a_slope_is_refused_under_per_turn_credit_in_one_line(monkeypatch):
+    from grpo_ray.algo import advantage_slopes
+    from grpo_ray.algo.advantages import _ADVANTAGE_ESTIMATORS, Estimator
+
+    rloo = _ADVANTAGE_ESTIMATORS[AdvantageEstimator.RLOO]
+    monkeypatch.setitem(_ADVANTAGE_ESTIMATORS, AdvantageEstimator.RLOO, Estimator(rloo.advantages, turn_slope=None))
+    rewards, groups = torch.tensor([1.0, 3.0]), torch.tensor([0, 0])
+    with pytest.raises(ValueError) as refused:
+        advantage_slopes("rloo", rewards, groups)
+    assert str(refused.value) == (
+        "advantage estimator 'rloo' registers no per-turn slope, which per-turn credit "
+        "(environment.reward_per_turn) needs; choose one of ['grpo', 'dr_grpo', 'reinforce_pp_baseline']"
+    )
+    # Its advantages are unchanged: only per-turn credit needs the slope. Rewards 1, 3: A = -2, 2.
+    assert compute_advantages("rloo", rewards, groups).tolist() == [-2.0, 2.0]
+
+
+def test_an_estimator_registered_with_a_slope_is_credited_by_that_slope(monkeypatch):
+    from grpo_ray.algo import advantage_slopes
+    from grpo_ray.algo.advantages import _ADVANTAGE_ESTIMATORS, Estimator
+
+    def half(groups, normalize_by_std, eps):
+        return torch.full_like(groups.centred, 0.5)
+
+    dr_grpo = _ADVANTAGE_ESTIMATORS[AdvantageEstimator.DR_GRPO]
+    monkeypatch.setitem(_ADVANTAGE_ESTIMATORS, AdvantageEstimator.DR_GRPO, Estimator(dr_grpo.advantages, half))
+    # Group 0 (rewards 1, 3) has spread: the registered 0.5; group 1 (5, 5) none: 0, whatever is registered.
+    slopes = advantage_slopes("dr_grpo", torch.tensor([1.0, 3.0, 5.0, 5.0]), torch.tensor([0, 0, 1, 1]))
+    assert slopes.tolist() == [0.5, 0.5, 0.0, 0.0]
