@@ -245,7 +245,8 @@ def detect_format(record: Mapping[str, Any]) -> RowFormat:
     return RowFormat.GENERIC
 
 
-_PARSERS: dict[RowFormat, Callable[[Mapping[str, Any]], ParsedRow | None]] = {
+# The parser that reads each detected format (docs/configuration.md's data fields list them from here).
+ROW_PARSERS: dict[RowFormat, Callable[[Mapping[str, Any]], ParsedRow | None]] = {
     RowFormat.POLARIS: polaris_row,
     RowFormat.GSM8K: gsm8k_row,
     RowFormat.VERL: verl_row,
@@ -259,7 +260,7 @@ def parse_row(
     """Named fields go through `generic_row`; otherwise the detected format's parser."""
     if prompt_field or answer_field:
         return generic_row(record, prompt_field, answer_field)
-    return _PARSERS[detect_format(record)](record)
+    return ROW_PARSERS[detect_format(record)](record)
 
 
 # ---------------------------------------------------------------- POLARIS data helpers

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from grpo_ray.config import schema
-from grpo_ray.config.reference import COMMAND, config_reference, field_comments
+from grpo_ray.commands.config_reference import COMMAND, config_reference, field_comments
 from grpo_ray.config.schema import Config
 from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS
 

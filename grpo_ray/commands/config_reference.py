@@ -1,11 +1,11 @@
 """The configuration reference: every key of the recipe, generated from the schema.
 
 The types, defaults and bounds come from the pydantic models; each key's description is the `#` comment
-written above its field in the source (schema.py, role_sections.py, base.py), read with `tokenize` and `ast`,
-so that editing a comment edits the reference. docs/configuration.md is this module's output, and a unit test
-fails when the two differ:
+written above its field in the source (grpo_ray/config/: schema.py, role_sections.py, base.py), read with
+`tokenize` and `ast`, so that editing a comment edits the reference. docs/configuration.md is this module's
+output, and a unit test fails when the two differ:
 
-    python -m grpo_ray.config.reference > docs/configuration.md
+    python -m grpo_ray.commands.config_reference > docs/configuration.md
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 from grpo_ray.config.schema import Config, RewardConfig
 from grpo_ray.data import formats
 
-COMMAND = "python -m grpo_ray.config.reference > docs/configuration.md"
+COMMAND = "python -m grpo_ray.commands.config_reference > docs/configuration.md"
 NO_COMMENT = "*(no comment in the source)*"
 _TABLE_HEAD = "| Key | Type | Default | Constraints | Description |\n| --- | --- | --- | --- | --- |"
 # Bounds and lengths as pydantic keeps them in a field's metadata (annotated_types and its own pattern holder).
@@ -272,8 +272,7 @@ def _anchor(path: str) -> str:
 def _data_fields() -> str:
     """The row shapes the data loaders read, from grpo_ray/data/formats.py's parsers and field constants."""
     source_field = RewardConfig.model_fields["source_field"].default
-    # _PARSERS is the dispatch table itself: the parser that reads each detected format.
-    rows = [f"| `{fmt.value}` | {_markdown(_docstring(parser))} |" for fmt, parser in formats._PARSERS.items()]
+    rows = [f"| `{fmt.value}` | {_markdown(_docstring(parser))} |" for fmt, parser in formats.ROW_PARSERS.items()]
     prompts = ", ".join(f"`{name}`" for name in formats.GENERIC_PROMPT_FIELDS)
     answers = ", ".join(f"`{name}`" for name in formats.GENERIC_ANSWER_FIELDS)
     return "\n".join(
