@@ -24,7 +24,6 @@ What it covers:
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import uuid
 
@@ -34,6 +33,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateRequest,
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from grpo_ray.config import vllm_args
 
 __all__ = [
     "WeightTransferEngine",
@@ -91,17 +92,12 @@ def engine_args(backend: str, extension: str, **kwargs):
 
 
 def check_engine_options(options: dict) -> None:
-    """rollout.vllm.engine_args: every name is one of this vLLM's AsyncEngineArgs (the set differs
-    between versions: 0.26 and 0.32 each add and drop some), else a ValueError naming it."""
+    """rollout.vllm.engine_args: every name is one of this vLLM's AsyncEngineArgs, else a ValueError
+    naming it (config/vllm_args.py, which the driver's preflight asks too)."""
     import vllm
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(AsyncEngineArgs)})
-    if unknown:
-        raise ValueError(
-            f"rollout.vllm.engine_args: {', '.join(unknown)} is not an engine option of vLLM {vllm.__version__} "
-            "(its AsyncEngineArgs, the `vllm serve --help` options with - as _); remove or rename it"
-        )
+    vllm_args.check_engine_options(options, AsyncEngineArgs, vllm.__version__)
 
 
 async def finish_weight_update(llm, version: int) -> None:

@@ -1,7 +1,13 @@
 """The vLLM engine arguments grpo-ray sets itself, each with the key a recipe sets it by: what
-`rollout.vllm.engine_args` may not hold (the rest of vLLM's AsyncEngineArgs it passes through)."""
+`rollout.vllm.engine_args` may not hold (the rest of vLLM's AsyncEngineArgs it passes through); and the
+check that every name it holds is an engine argument of the vLLM at hand, in one line, made by the
+driver's preflight and by the engine as it starts (each hands in the vLLM it imported: this stays pure).
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
 
 # vLLM engine arguments grpo-ray sets (actors/vllm_engine.py, actors/vllm_compat.py), and where from.
 VLLM_ARGS_SET_BY_GRPO_RAY = {
@@ -26,3 +32,15 @@ VLLM_ARGS_SET_BY_GRPO_RAY = {
     "disable_log_stats": "nothing",
     "use_tqdm_on_load": "--verbose",
 }
+
+
+def check_engine_options(options: Iterable[str], engine_args: type, version: str) -> None:
+    """rollout.vllm.engine_args: every name is a field of `engine_args` (the AsyncEngineArgs of vLLM
+    `version`: the set differs between versions, 0.26 and 0.32 each add and drop some), else a
+    ValueError naming it."""
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(engine_args)})
+    if unknown:
+        raise ValueError(
+            f"rollout.vllm.engine_args: {', '.join(unknown)} is not an engine option of vLLM {version} "
+            "(its AsyncEngineArgs, the `vllm serve --help` options with - as _); remove or rename it"
+        )

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
 from grpo_ray.config import Config, ConfigError, plan_resources
+from grpo_ray.config.vllm_args import check_engine_options
 from grpo_ray.models.hub import check_model_source
 from grpo_ray.quiet import quiet_vllm_import
 from grpo_ray.training.inputs import RunInputs, check_data_files, prepare_inputs
@@ -120,11 +121,12 @@ def check_vllm_engine_args(cfg: Config) -> None:
         return
     quiet_vllm_import()
     try:
-        from grpo_ray.actors.vllm_compat import check_engine_options
+        import vllm
+        from vllm.engine.arg_utils import AsyncEngineArgs
     except ImportError:
         return
     try:
-        check_engine_options(cfg.rollout.vllm.engine_args)
+        check_engine_options(cfg.rollout.vllm.engine_args, AsyncEngineArgs, vllm.__version__)
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

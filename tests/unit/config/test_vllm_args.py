@@ -1,0 +1,28 @@
+"""rollout.vllm.engine_args against a vLLM's engine arguments (config/vllm_args.py): the one check the
+driver's preflight and the engine both make, here on a made-up AsyncEngineArgs, so without vLLM."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from grpo_ray.config.vllm_args import check_engine_options
+
+
+@dataclass
+class EngineArgs:  # stands where vLLM's AsyncEngineArgs would: only its field names are read
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+
+
+def test_names_the_engine_takes_pass():
+    check_engine_options({"max_num_seqs": 8, "max_num_batched_tokens": 512}, EngineArgs, "0.32.0")
+    check_engine_options({}, EngineArgs, "0.32.0")
+
+
+def test_unknown_names_are_one_line_naming_each_and_the_version():
+    with pytest.raises(ValueError) as refused:
+        check_engine_options({"max_num_seq": 8, "async_scheduling": True, "max_num_seqs": 4}, EngineArgs, "0.26.1")
+    assert str(refused.value) == (
+        "rollout.vllm.engine_args: async_scheduling, max_num_seq is not an engine option of vLLM 0.26.1 "
+        "(its AsyncEngineArgs, the `vllm serve --help` options with - as _); remove or rename it"
+    )
