@@ -5,34 +5,22 @@ template's markup around them, as context (mask 0: no loss, KL or entropy on the
 An episode is one training row: prompt + turn 1 + reply 1 + turn 2 + ... The model's tokens are
 never re-tokenised from text (a decode/encode round trip can change them); the replies' tokens
 come from the chat template: what it writes for the reply messages after a finished assistant
-turn, measured on a fixed conversation once (`reply_template`), so it holds whatever the model
-wrote.
+turn, measured on a fixed conversation (`reply_tokens`, grpo_ray/chat_template.py), so it holds whatever
+the model wrote.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-# render(messages, add_generation_prompt) -> token ids: the tokenizer's chat template.
-Render = Callable[[list[dict], bool], list[int]]
-_PROBE = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+# The replies' tokens: the chat template's, measured below envs/ so that the tiny-tools model's
+# transcripts (models/) measure them the same way.
+from grpo_ray.chat_template import reply_tokens
 
-
-def reply_tokens(render: Render, end_of_turn: int, reply: list[dict]) -> list[int]:
-    """The tokens that follow a model's turn (which ends with `end_of_turn`) when `reply` comes
-    next and the model then speaks: the template's markup after the turn (ChatML's newline), the
-    reply's messages, and the generation prompt of the next assistant turn."""
-    base = render(_PROBE, False)
-    full = render(_PROBE + list(reply), True)
-    if full[: len(base)] != base:
-        raise ValueError("the chat template renders earlier turns differently once a reply follows them")
-    if end_of_turn not in base:
-        raise ValueError(f"the chat template does not end an assistant turn with token {end_of_turn}")
-    after_turn = base[len(base) - base[::-1].index(end_of_turn) :]
-    return after_turn + full[len(base) :]
+__all__ = ["EpisodeTokens", "reply_tokens"]
 
 
 @dataclass

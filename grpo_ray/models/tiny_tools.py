@@ -26,7 +26,9 @@ import random
 import time
 from pathlib import Path
 
-from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
+import numpy as np
+
+from grpo_ray.chat_template import reply_tokens
 from grpo_ray.models.cache import build_once, default_cache_dir
 from grpo_ray.models.tiny import TinyArtifacts, build_tiny_model
 from grpo_ray.models.tiny_task import write_jsonl
@@ -75,23 +77,27 @@ def make_product_split(seed: int = SEED) -> tuple[list[dict], list[dict]]:
 
 def transcript(tokenizer, row: dict, use_tool: bool, guess: str):
     """(input ids, mask) of one pre-training conversation: the calculator's round trip then the
-    result, or a guess; the loss covers the assistant's tokens only (envs/episode.py's rows)."""
+    result, or a guess; the loss covers the assistant's tokens only, and the tool's reply is the
+    chat template's tokens after the call, as in an episode's row (envs/episode.py)."""
 
     def render(messages, add_generation_prompt):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     end = tokenizer.eos_token_id
-    episode = EpisodeTokens(prompt=render([{"role": "user", "content": row["prompt"]}], True))
+    ids = render([{"role": "user", "content": row["prompt"]}], True)
+    mask = [0.0] * len(ids)
+
+    def add(tokens: list[int], trained: bool) -> None:
+        ids.extend(tokens)
+        mask.extend([1.0 if trained else 0.0] * len(tokens))
+
     if use_tool:
         a, b = (int(x) for x in row["prompt"].rstrip("=").split("*"))
-        call = tokenizer.encode(tool_call(a, b), add_special_tokens=False) + [end]
-        episode.add_turn(call, [0.0] * len(call))
-        episode.add_reply(reply_tokens(render, end, [{"role": "tool", "content": row["answer"]}]))
-    answer = tokenizer.encode(row["answer"] if use_tool else guess, add_special_tokens=False) + [end]
-    episode.add_turn(answer, [0.0] * len(answer))
-    ids, mask, _ = episode.arrays()
-    return ids, mask
+        add(tokenizer.encode(tool_call(a, b), add_special_tokens=False) + [end], trained=True)
+        add(reply_tokens(render, end, [{"role": "tool", "content": row["answer"]}]), trained=False)
+    add(tokenizer.encode(row["answer"] if use_tool else guess, add_special_tokens=False) + [end], trained=True)
+    return np.array(ids, dtype=np.int64), np.array(mask, dtype=np.float32)
 
 
 def pretrain(model, tokenizer, rows: list[dict], steps: int, seed: int) -> float:

@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
+from grpo_ray.chat_template import reply_tokens
+from grpo_ray.envs.episode import EpisodeTokens
 from grpo_ray.models.tiny_tokenizer import build_tiny_tokenizer
 
 QWEN2 = Path(__file__).resolve().parents[4] / "shared" / "tokenizers" / "qwen2"
