@@ -24,10 +24,9 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from grpo_ray.child_processes import ChildPool, death_reason, kill, start_child
 from grpo_ray.envs.failures import DIED, LOST, METHODS, RAISED, TIMED_OUT
 from grpo_ray.envs.runner_child import EnvironmentSpecError, child_main
-from grpo_ray.rewards.sandbox import main_not_reimported
-from grpo_ray.rewards.sandbox_child import death_reason, kill
 
 __all__ = ["EnvReply", "EnvironmentPool", "EnvironmentSpecError"]
 
@@ -49,7 +48,7 @@ class _Process:
     hosted: set[int]  # episodes whose instance lives here
 
 
-class EnvironmentPool:
+class EnvironmentPool(ChildPool):
     def __init__(
         self,
         spec: str,
@@ -96,29 +95,9 @@ class EnvironmentPool:
     def pids(self) -> list[int]:
         return [c.process.pid for c in self._children]
 
-    def close(self) -> None:
-        for child in self._children:
-            kill(child.process)
-            child.conn.close()
-        self._children = []
-
-    def __enter__(self) -> EnvironmentPool:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
     def _spawn(self) -> _Process:
-        parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(
-            target=child_main,
-            args=(child_conn, self.spec, self.options, os.getpid()),
-            daemon=True,
-            name="grpo-ray-environment",
-        )
-        with main_not_reimported():
-            process.start()
-        child_conn.close()
+        args = (self.spec, self.options, os.getpid())
+        process, parent_conn = start_child(self._context, child_main, args, "grpo-ray-environment")
         if not parent_conn.poll(self.start_timeout_s):
             kill(process)
             raise EnvironmentSpecError(
@@ -169,9 +148,3 @@ class EnvironmentPool:
         ]
         self._replace(child)
         return failed
-
-    def _replace(self, child: _Process) -> None:
-        kill(child.process)
-        child.conn.close()
-        self._children[self._children.index(child)] = self._spawn()
-        self.restarts += 1

@@ -12,18 +12,15 @@ does not hold the other episodes it hosts. Requests and replies are tuples over 
 from __future__ import annotations
 
 import inspect
-import os
-import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from grpo_ray.child_processes import become_child
 from grpo_ray.envs.contract import Environment, StepResult, as_environment
 from grpo_ray.envs.failures import where
 from grpo_ray.errors import first_line
-from grpo_ray.quiet import quiet_driver
-from grpo_ray.rewards.sandbox_child import exit_when_orphaned
 from grpo_ray.user_code import load_attribute
 
 # Requests a process runs at once: environments that wait (on a service, a sandbox, a sleep) overlap.
@@ -55,13 +52,7 @@ def build(cls: type, options: dict[str, Any], spec: str) -> Environment:
 
 
 def child_main(conn: Connection, spec: str, options: dict[str, Any], parent_pid: int) -> None:
-    try:
-        os.setpgid(0, 0)  # a group of our own: the parent's kill takes whatever the environment started
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
-    quiet_driver()
+    become_child(parent_pid)
     try:
         cls = load_environment_class(spec)
         build(cls, options, spec)  # once now: a constructor that fails says so before any episode

@@ -32,16 +32,14 @@ thread polling ``os.getppid()`` (when busy).
 Limits: a function stuck in C code that holds the GIL also blocks the watchdog, so after a hard
 kill of the parent such a child lingers until that code returns; daemonic children may not start
 multiprocessing pools (``subprocess`` is fine). Unlike plain spawn-based multiprocessing, a child
-never runs the parent's main script (main_not_reimported), so a script may build a scorer, or call
+never runs the parent's main script (child_processes.main_not_reimported), so a script may build a scorer, or call
 grpo_ray.train, at its top level.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
-from contextlib import contextmanager
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,8 +48,9 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from grpo_ray.child_processes import ChildPool, death_reason, kill, start_child
 from grpo_ray.rewards.registry import RewardScores, RewardSpecError
-from grpo_ray.rewards.sandbox_child import child_main, death_reason, kill
+from grpo_ray.rewards.sandbox_child import child_main
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def _receive(conn: Connection) -> Any:
         return None
 
 
-class SandboxedScorer:
+class SandboxedScorer(ChildPool):
     """A pool of child processes that score completions with reward functions named by spec.
 
     Args:
@@ -199,16 +198,7 @@ class SandboxedScorer:
         """Kill and reap every child. Idempotent; waits for a call in progress to finish."""
         with self._lock:
             self._closed = True
-            for child in self._children:
-                kill(child.process)
-                child.conn.close()
-            self._children = []
-
-    def __enter__(self) -> SandboxedScorer:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+            self._kill_children()
 
     def __del__(self) -> None:
         try:
@@ -219,23 +209,9 @@ class SandboxedScorer:
     # ---- children ----
 
     def _spawn(self) -> _Child:
-        parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(
-            target=child_main,
-            args=(child_conn, self._functions, self._memory_limit_mb, os.getpid()),
-            daemon=True,
-            name="grpo-ray-reward-sandbox",
-        )
-        with main_not_reimported():
-            process.start()
-        child_conn.close()  # the child holds the only other end: its death is EOF here
-        return _Child(process, parent_conn, "starting", time.monotonic() + self._start_timeout_s)
-
-    def _replace(self, child: _Child) -> None:
-        kill(child.process)
-        child.conn.close()
-        self._children[self._children.index(child)] = self._spawn()
-        self.restarts += 1
+        args = (self._functions, self._memory_limit_mb, os.getpid())
+        process, conn = start_child(self._context, child_main, args, "grpo-ray-reward-sandbox")
+        return _Child(process, conn, "starting", time.monotonic() + self._start_timeout_s)
 
     def _wait_until_started(self) -> None:
         outcomes = _Outcomes()
@@ -371,24 +347,3 @@ class SandboxedScorer:
             elif error is None:
                 error = task_error
         return SandboxResult(scores, error)
-
-
-@contextmanager
-def main_not_reimported():
-    """While a child starts: `spawn` would run the parent's main script again in the child (its
-    preparation imports __main__ by path or name), so a script that calls grpo_ray.validate or
-    train at its top level, with no `if __name__ == "__main__":`, would start itself again. The
-    child needs only its target and the reward specs, all importable by name: it is told there is
-    no main module to prepare."""
-    main = sys.modules.get("__main__")
-    if main is None:
-        yield
-        return
-    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__dict__["__spec__"] = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)

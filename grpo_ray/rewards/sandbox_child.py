@@ -1,5 +1,6 @@
 """The sandbox's child processes (rewards/sandbox.py is the parent): each loads every reward function,
-says "ready", then scores requests until its pipe closes, capped in memory and dying with its parent.
+says "ready", then scores requests until its pipe closes, capped in memory and dying with its parent
+(grpo_ray/child_processes.py: how a child is started, set up, killed and told dead, for environments too).
 
 Why spawn. The scorer lives in processes that already run threads (Ray's core worker, gRPC,
 torch's intra-op pool). ``fork`` copies only the calling thread; a lock another thread held at
@@ -11,35 +12,17 @@ parent's main module (see Limits): 0.5 to 1 s per child, the children starting i
 
 from __future__ import annotations
 
-import os
 import resource
-import signal
-import threading
-import time
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 
+from grpo_ray.child_processes import become_child
 from grpo_ray.errors import first_line
-from grpo_ray.quiet import quiet_driver
 from grpo_ray.rewards.registry import (
     RewardSpecError,
     load_reward_function,
     score_completions,
     takes_completion_ids,
 )
-
-# How often a busy child checks that its parent is still alive.
-_ORPHAN_POLL_S = 1.0
-# How long to wait for a killed or crashed child to be reaped before giving up on its exit code.
-_REAP_TIMEOUT_S = 5.0
-
-
-def exit_when_orphaned(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
-        time.sleep(_ORPHAN_POLL_S)
-    if os.getpgrp() == os.getpid():
-        os.killpg(0, signal.SIGKILL)  # our own group: this child and whatever it started
-    os._exit(1)
 
 
 def _limit_memory(memory_limit_mb: int) -> None:
@@ -57,14 +40,8 @@ def child_main(
     parent_pid: int,
 ) -> None:
     """Load every function, say "ready", then answer requests until the pipe closes."""
-    try:
-        os.setpgid(0, 0)  # a group of our own, so the parent can kill what the function started
-    except OSError:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    become_child(parent_pid)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # an aborting function writes no core files
-    threading.Thread(target=exit_when_orphaned, args=(parent_pid,), daemon=True).start()
-    quiet_driver()  # a spawned child starts with Python's default log levels: the routine notices again
     if memory_limit_mb is not None:
         _limit_memory(memory_limit_mb)
     try:
@@ -85,30 +62,3 @@ def child_main(
         except Exception as error:  # noqa: BLE001 - any failure of the function fails the request
             response = ("error", first_line(error, with_type=True))
         conn.send(response)
-
-
-# ---- how the parent ends a child, and tells how it died ----------------------------------------
-
-
-def kill(process: BaseProcess) -> None:
-    if process.exitcode is None:
-        try:
-            if os.getpgid(process.pid) == process.pid:
-                os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.kill()
-    process.join(_REAP_TIMEOUT_S)
-
-
-def death_reason(process: BaseProcess) -> str:
-    process.join(_REAP_TIMEOUT_S)
-    code = process.exitcode
-    if code is None:
-        return "worker process closed its pipe"
-    if code < 0:
-        try:
-            return f"worker process died (exit code {code}, {signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"worker process died (exit code {code})"
