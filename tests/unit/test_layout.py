@@ -1,11 +1,15 @@
 """The layout's rules, read from the source (no imports run): who may import Ray, DeepSpeed and vLLM,
-no import cycles between packages, and modules and functions a reader can take in.
+which package may import which, no import cycles, and modules and functions a reader can take in.
 
-    algo, rewards, envs, types, config, errors, user_code: neither ray, deepspeed nor vllm (pure, tested on
-    hand-worked data)
+    algo, rewards, envs, types, config, errors, user_code, chat_template, child_processes: neither ray,
+         deepspeed nor vllm (pure, tested on hand-worked data)
     actors: never deepspeed and vllm in one module; never ray (the cluster layer makes them actors)
     ray: only in cluster/ and the run loop (training/loop.py); actor calls (`.remote(`) only in cluster/,
          the loop's few Ray names listed in LOOP_RAY_NAMES
+    layers: each package (or top-level module) imports only the grpo_ray packages MAY_IMPORT lists for it
+         (a "package.module" entry allows that module alone); a package not in the table is refused
+    the rollout kind: nothing outside cluster/ imports its rollout kinds (rollout_kinds, streams,
+         whole_shares) nor reads a recipe's `groups_per_chunk` (config/ declares it)
     packages: no cycle in the graph of grpo_ray's subpackages, nor between the modules of one package
 """
 
@@ -19,10 +23,37 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "grpo_ray"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-PURE = ("algo", "rewards", "envs", "types", "config", "errors", "user_code")
+PURE = ("algo", "rewards", "envs", "types", "config", "errors", "user_code", "chat_template", "child_processes")
 RAY_ALLOWED = ("cluster", "training.loop")
 # What the run loop may read from `ray` itself: the cluster's size for its tags, and Ray's errors.
 LOOP_RAY_NAMES = {"nodes", "cluster_resources", "exceptions"}
+
+# Which grpo_ray packages (or top-level modules) each may import, read downward: the entry points,
+# the run, the Ray plumbing, the actors, the pure and model packages, the ground. An arrow not listed
+# here fails test_every_import_follows_the_layers; add one only where it runs down (the table has no
+# cycle: tested) and the code is better for it, never to let a wrong arrow through.
+MAY_IMPORT: dict[str, set[str]] = {
+    "__init__": {"api"},  # the package's face: train, validate and load, imported on first use
+    "api": set("commands config quiet training".split()),
+    "cli": set("cluster commands config data envs errors models quiet rewards training".split()),
+    "commands": set("actors algo cluster config data errors models quiet rewards tracking training types".split()),
+    "training": set("algo cluster config data envs errors models quiet rewards tracking transport types".split()),
+    "cluster": set("actors config errors quiet transport types".split()),
+    # Actors take typed settings (cluster/settings.py), never the recipe: of config/, only the check
+    # of rollout.vllm.engine_args that the engine shares with the driver's preflight.
+    "actors": set("algo config.vllm_args envs errors models quiet rewards transport types".split()),
+    "data": set("builtin_names errors models types".split()),
+    "config": set("algo builtin_names".split()),
+    "models": set("algo builtin_names chat_template errors quiet types".split()),
+    "envs": set("chat_template child_processes errors types user_code".split()),
+    "rewards": set("child_processes errors user_code".split()),
+    "transport": set("errors types".split()),
+    "child_processes": {"quiet"},
+    "user_code": {"errors"},
+    **{ground: set() for ground in ("tracking", "algo", "chat_template", "builtin_names", "errors", "quiet", "types")},
+}
+# The rollout kind (whole shares, streamed) is cluster/'s: what a package above it may not import.
+ROLLOUT_KIND_MODULES = ("cluster.rollout_kinds", "cluster.streams", "cluster.whole_shares")
 
 
 def modules() -> dict[str, Path]:
@@ -115,6 +146,92 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if start not in state and (cycle := visit(start, [start])):
             return cycle
     return None
+
+
+def import_targets(path: Path) -> set[str]:
+    """The grpo_ray modules (or names in them) a file imports, relative to grpo_ray: `from grpo_ray.config
+    import vllm_args` is "config.vllm_args", `import grpo_ray.algo.kl` is "algo.kl" (anywhere in the file)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name[len("grpo_ray.") :] for name in names if name.startswith("grpo_ray.")}
+
+
+def layer_violations(imports: dict[str, set[str]], table: dict[str, set[str]], packages: set[str]) -> list[str]:
+    """One line per import that `table` does not allow: `imports` maps a module ("models.tiny_tools")
+    to its targets (import_targets); only targets in one of `packages` count."""
+    found = []
+    for module, targets in sorted(imports.items()):
+        source = package_of(module)
+        if source not in table:
+            found.append(f"grpo_ray.{module}: its package {source!r} has no row in MAY_IMPORT; add one")
+            continue
+        allowed = table[source]
+        for target in sorted(targets):
+            if package_of(target) in (packages - {source}) and not within_any(target, allowed):
+                found.append(f"grpo_ray.{module} imports grpo_ray.{target}: {source} may import only {sorted(allowed)}")
+    return found
+
+
+def within_any(target: str, allowed: set[str]) -> bool:
+    """A package entry allows all of it; a "package.module" entry that module (and names in it)."""
+    return package_of(target) in allowed or within(target, tuple(a for a in allowed if "." in a))
+
+
+def test_every_import_follows_the_layers():
+    imports = {module: import_targets(path) for module, path in MODULES.items()}
+    found = layer_violations(imports, MAY_IMPORT, {package_of(m) for m in MODULES})
+    assert found == [], "imports that MAY_IMPORT does not allow:\n" + "\n".join(found)
+
+
+def test_the_layer_rule_sees_a_wrong_arrow_and_lets_an_allowed_one_through():
+    table = {"models": {"algo", "config.vllm_args"}, "envs": {"errors"}, "algo": set(), "config": set()}
+    packages = {"models", "envs", "algo", "config", "errors"}
+    imports = {
+        "models.tiny_tools": {"envs.episode.EpisodeTokens", "algo.kl", "models.tiny"},  # envs: wrong way
+        "models.engine": {"config.vllm_args.check", "config.schema.Config"},  # the schema is not allowed
+        "envs.runner": {"errors.first_line", "numpy"},
+        "algo.kl": {"algo.registry"},
+        "tracking": {"errors"},  # no row
+    }
+    assert layer_violations(imports, table, packages) == [
+        "grpo_ray.models.engine imports grpo_ray.config.schema.Config: models may import only "
+        "['algo', 'config.vllm_args']",
+        "grpo_ray.models.tiny_tools imports grpo_ray.envs.episode.EpisodeTokens: models may import only "
+        "['algo', 'config.vllm_args']",
+        "grpo_ray.tracking: its package 'tracking' has no row in MAY_IMPORT; add one",
+    ]
+
+
+def test_the_layers_run_one_way():
+    table = {source: {package_of(target) for target in targets} - {source} for source, targets in MAY_IMPORT.items()}
+    cycle = find_cycle(table)
+    assert cycle is None, "MAY_IMPORT allows a cycle: " + " -> ".join(cycle)
+
+
+def test_the_rollout_kind_is_read_nowhere_above_cluster():
+    offenders = {}
+    for module, path in MODULES.items():
+        if within(module, ("cluster",)):
+            continue
+        kinds = sorted(t for t in import_targets(path) if within(t, ROLLOUT_KIND_MODULES))
+        reads = [] if within(module, ("config",)) else groups_per_chunk_reads(path)
+        if kinds or reads:
+            offenders[module] = kinds + reads
+    assert offenders == {}, f"the rollout kind read outside cluster/ (imports, `groups_per_chunk` reads): {offenders}"
+
+
+def groups_per_chunk_reads(path: Path) -> list[str]:
+    """ "line N" for every `x.groups_per_chunk` in the file: a read of the recipe's field (a parameter of
+    that name is not one, nor the field's name in a list of them)."""
+    return [
+        f"line {node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "groups_per_chunk"
+    ]
 
 
 def test_find_cycle_finds_one_and_only_one():
