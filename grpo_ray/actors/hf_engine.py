@@ -50,13 +50,8 @@ class HFEngine:
     def generate(self, prompts: list[tuple[int, ...]], sampling: SamplingSettings) -> list[list[Completion]]:
         """samples_per_prompt completions for each prompt, in prompt order."""
         pad = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        # Left padding: every prompt ends at the same column, so generation continues all rows at once.
-        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
+        input_ids, attention = left_padded(prompts, pad)
+        width = input_ids.shape[1]
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         g = sampling.samples_per_prompt
         prompt_cache = None
@@ -95,12 +90,8 @@ class HFEngine:
         seeded with seeds[i]: the same context and seed give the same turn whatever rows it is
         batched with. No KV cache is kept between turns: each turn recomputes its context."""
         pad = self.tokenizer.pad_token_id
-        width = max(len(c) for c in contexts)
-        input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(contexts), width), dtype=torch.long)
-        for row, ids in enumerate(contexts):
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            attention[row, width - len(ids) :] = 1
+        input_ids, attention = left_padded(contexts, pad)
+        width = input_ids.shape[1]
         recorder = SampledLogprobs(sampling, row_seeds=list(seeds))
         sequences = self.model.generate(
             input_ids=input_ids.to(self.device),
@@ -255,6 +246,18 @@ class SampledLogprobs(LogitsProcessor):
         if not self._drawn:
             return generated.new_zeros(generated.shape, dtype=torch.float32)
         return torch.stack(self._drawn, dim=1)
+
+
+def left_padded(rows: list, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [N, W] and attention mask [N, W] of `rows` padded on the left to the longest, W:
+    every row ends at the same column, so generation continues all rows at once."""
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids)
+        attention[row, width - len(ids) :] = 1
+    return input_ids, attention
 
 
 def _stop_ids(tokenizer, model) -> frozenset[int]:

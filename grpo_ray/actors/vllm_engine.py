@@ -42,6 +42,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import asdict
 
 import numpy as np
@@ -58,6 +59,7 @@ from grpo_ray.actors.vllm_compat import (
     transfer_requests,
 )
 from grpo_ray.actors.vllm_cpu import memory_and_scheduling, shard_threads
+from grpo_ray.actors.vllm_requests import Requests
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.quiet import children_print_to, verbose
 from grpo_ray.models.adapter_files import write_adapter_folder
@@ -154,37 +156,50 @@ class VllmEngine:
         `stop` is asked between groups (and every 50 ms while none finishes): True aborts the
         requests still running and ends the stream. The seeds do not depend on the finishing order."""
         g = sampling.samples_per_prompt
-        params = [self.request_params(sampling, g, sampling.seed + k * g) for k in range(len(prompts))]
-        finished: queue.Queue = queue.Queue()
-        self._drop_stale_prefixes()
-        running = self._run(self._each([list(ids) for ids in prompts], params, finished))
+        requests = Requests(self)
+        # One request of n=G per prompt: vLLM computes the prompt once for its G samples.
+        requests.start(
+            [(k, list(ids), self.request_params(sampling, g, sampling.seed + k * g)) for k, ids in enumerate(prompts)]
+        )
+        left = len(prompts)
         try:
-            for _ in range(len(prompts)):
-                while True:
-                    try:
-                        k, output = finished.get(timeout=0.05)
-                        break
-                    except queue.Empty:
-                        if stop is not None and stop():
-                            return
-                if isinstance(output, BaseException):
-                    raise output
-                yield k, self._group(output.outputs)
-                if stop is not None and stop():
+            while left:
+                idle = True
+                for k, output in requests.finished(timeout=0.05):
+                    idle, left = False, left - 1
+                    yield k, self._group(output.outputs)
+                    if stop is not None and stop():
+                        return
+                if idle and stop is not None and stop():
                     return
         finally:  # a stream stopped early (or abandoned) aborts what is still generating
-            self._loop.call_soon_threadsafe(running.cancel)
+            requests.close()
 
-    async def _each(self, prompts: list[list[int]], params: list, finished: queue.Queue) -> asyncio.Future:
-        """Start every request (the engine batches them); each one's final output goes to
-        `finished` as (k, output), an error as (k, error). Returns the future of them all."""
+    def submit(self, requests: list[tuple[int, list[int], object]], finished: queue.Queue) -> Future:
+        """Start (key, prompt token ids, SamplingParams) requests together (they reach the engine as
+        one batch), after dropping cached prefixes an in-flight sync left. Each one's final output
+        goes to `finished` as (key, output), an error as (key, error); cancelling the returned future
+        aborts those still running. vllm_requests.Requests takes them back."""
+        self._drop_stale_prefixes()
 
-        everything = asyncio.gather(
-            *(self._request(k, ids, p, finished) for k, (ids, p) in enumerate(zip(prompts, params)))
-        )
-        # Stopped early, it ends cancelled: say it was seen, or asyncio logs it as never retrieved.
-        everything.add_done_callback(lambda f: f.cancelled() or f.exception())
-        return everything
+        async def together():
+            await asyncio.gather(*(self._request(key, ids, params, finished) for key, ids, params in requests))
+
+        return asyncio.run_coroutine_threadsafe(together(), self._loop)
+
+    def episode_loop_began(self) -> None:
+        """An episode loop is open (VllmTurns) until episode_loop_ended: a sync that lands between its
+        turns, with no request running, still lands mid-episode (`during_generation`)."""
+        self._episodes_open += 1
+
+    def episode_loop_ended(self) -> None:
+        self._episodes_open -= 1
+
+    def turns(self, sampling: SamplingSettings):
+        """Episode turns (actors/episodes.py), each a request of its own (vllm_turns.py)."""
+        from grpo_ray.actors.vllm_turns import VllmTurns
+
+        return VllmTurns(self, sampling)
 
     @staticmethod
     def request_params(sampling: SamplingSettings, n: int, seed: int):
@@ -202,41 +217,26 @@ class VllmEngine:
             detokenize=False,  # the texts: one batch_decode per finished group (_group) or turn
         )
 
+    async def _final(self, ids: list[int], params):
+        """One request run to its end: vLLM's final output of it (every request the engine makes)."""
+        final = None
+        async for output in self.llm.generate(
+            token_prompt(ids), params, request_id("grpo"), lora_request=self.lora_request
+        ):
+            final = output
+        return final
+
     async def _request(self, key: int, ids: list[int], params, finished: queue.Queue) -> None:
         """One request; its final output goes to `finished` as (key, output), an error as (key, error)."""
         self._running += 1
         try:
-            final = None
-            async for output in self.llm.generate(
-                token_prompt(ids), params, request_id("grpo"), lora_request=self.lora_request
-            ):
-                final = output
-            finished.put((key, final))
+            finished.put((key, await self._final(ids, params)))
         except asyncio.CancelledError:  # the caller stopped it: AsyncLLM aborts the request
             raise
         except Exception as err:  # noqa: BLE001 - handed to the reading thread, which raises it
             finished.put((key, err))
         finally:
             self._running -= 1
-
-    def turns(self, sampling: SamplingSettings):
-        """Episode turns (actors/episodes.py), each a request of its own (vllm_turns.py)."""
-        from grpo_ray.actors.vllm_turns import VllmTurns
-
-        return VllmTurns(self, sampling)
-
-    async def _all(self, prompts: list[list[int]], params) -> list:
-        """Every request at once; each one's final output, in order (the probe's scoring)."""
-
-        async def one(ids, sampling_params):
-            final = None
-            async for output in self.llm.generate(
-                token_prompt(ids), sampling_params, request_id("grpo"), lora_request=self.lora_request
-            ):
-                final = output
-            return final
-
-        return await asyncio.gather(*(one(ids, params) for ids in prompts))
 
     def _drop_stale_prefixes(self) -> None:
         """Before a call: drop cached prefixes an in-flight sync left (computed with the old weights).
@@ -247,10 +247,11 @@ class VllmEngine:
     def _group(self, samples) -> list[Completion]:
         """One prompt's completions; their texts decoded in one call, as vLLM would have decoded them."""
         texts = self.tokenizer.batch_decode([sample.token_ids for sample in samples], skip_special_tokens=True)
-        return [self._completion(sample, text) for sample, text in zip(samples, texts)]
+        return [self.completion(sample, text) for sample, text in zip(samples, texts)]
 
     @staticmethod
-    def _completion(sample, text: str) -> Completion:
+    def completion(sample, text: str) -> Completion:
+        """The Completion of one of vLLM's samples (a CompletionOutput) and its decoded text."""
         ids = tuple(sample.token_ids)
         logprobs = tuple(float(step[token].logprob) for step, token in zip(sample.logprobs, ids))
         return Completion(
@@ -266,7 +267,11 @@ class VllmEngine:
         prompts = [input_ids[i, : lengths[i]].tolist() for i in range(len(input_ids))]
         params = sampling_params(max_tokens=1, temperature=temperature, prompt_logprobs=0)
         self._drop_stale_prefixes()
-        outputs = self._run(self._all(prompts, params))
+
+        async def every_request():  # at once, each one's final output in order
+            return await asyncio.gather(*(self._final(ids, params) for ids in prompts))
+
+        outputs = self._run(every_request())
         result = np.zeros(input_ids.shape, dtype=np.float32)
         for i, output in enumerate(outputs):
             # prompt_logprobs[0] is None (the first token has no context).
