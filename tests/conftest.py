@@ -66,3 +66,13 @@ def random_qwen2(**overrides):
         tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(Qwen2Config(vocab_size=QWEN2_VOCAB, **{**shape, **overrides})).float()
+
+
+def tiny_heldout_eval(output_dir, **overrides):
+    """The EvalSettings of `grpo-ray eval --model tiny --data tiny:heldout --reward exact_match
+    --max-tokens 4`, greedy, one sample a prompt (the build records its accuracy), logged under
+    `output_dir`; `overrides` are what a test sets otherwise."""
+    from grpo_ray.commands.evaluate import EvalSettings
+
+    shape = dict(n=1, temperature=0.0, max_tokens=4, reward="exact_match")
+    return EvalSettings(model="tiny", data=("tiny:heldout",), output_dir=str(output_dir), **{**shape, **overrides})

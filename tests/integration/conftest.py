@@ -16,6 +16,26 @@ import psutil
 import pytest
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+def set_args(*settings: str) -> list[str]:
+    """The command line's words for `settings` ("key=value" each): `--set` before each."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def run_cli(*args: str, timeout: float = 300, cwd: Path = ROOT, **env_vars: str) -> subprocess.CompletedProcess:
+    """`python -m grpo_ray.cli *args` in a process of its own, as a user's shell runs it (unbuffered,
+    this environment plus `env_vars`); what it printed, as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_ray.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **env_vars),
+        cwd=cwd,
+    )
 
 
 @contextlib.contextmanager

@@ -29,7 +29,8 @@ from safetensors.torch import load_file
 from grpo_ray.config import load_config
 from grpo_ray.training.loop import train
 
-ROOT = Path(__file__).resolve().parents[2]
+from .conftest import ROOT, run_cli, set_args
+
 BEFORE_LAYOUT = "74293a50088c0a4433accf31277137f85113f37a"
 STAGES = """
 stages:
@@ -70,15 +71,9 @@ def test_a_checkpoint_written_before_the_layout_change_resumes_with_its_weights_
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text((old / "configs" / "tiny.yaml").read_text().replace("  steps: 800\n", "") + STAGES)
     out = tmp_path / "run"
-    sets = [arg for item in [f"output_dir={out}", *SETTINGS] for arg in ("--set", item)]
     env = dict(os.environ, PYTHONPATH=str(old), PYTHONUNBUFFERED="1")
-    before = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(recipe), *sets],
-        cwd=old,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    before = run_cli(
+        "train", str(recipe), *set_args(f"output_dir={out}", *SETTINGS), timeout=600, cwd=old, PYTHONPATH=str(old)
     )
     assert before.returncode == 0, before.stdout[-2000:] + before.stderr[-2000:]
     assert (

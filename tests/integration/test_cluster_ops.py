@@ -19,10 +19,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from .conftest import free_ports, own_ports, ray_head, ray_processes
+from .conftest import ROOT, TINY, free_ports, own_ports, ray_head, ray_processes, run_cli, set_args
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "configs" / "tiny.yaml"
 BIN = Path(sys.executable).parent
 ENV = dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")
 SHORT = ["train.steps=2", "data.eval_limit=10"]
@@ -78,19 +76,8 @@ def node_ids(address: str) -> dict[str, str]:
 
 
 def train_on(cluster, output_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    sets = [
-        arg
-        for item in [f"output_dir={output_dir}", f"ray.address={cluster['gcs']}", *SHORT, *overrides]
-        for arg in ("--set", item)
-    ]
-    return subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(TINY), *sets],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        cwd=ROOT,
-        timeout=400,
-    )
+    sets = set_args(f"output_dir={output_dir}", f"ray.address={cluster['gcs']}", *SHORT, *overrides)
+    return run_cli("train", str(TINY), *sets, timeout=400, RAY_AUTH_MODE="disabled")
 
 
 def test_rollout_workers_and_learners_land_where_the_config_targets_them(two_nodes, tmp_path):
@@ -120,14 +107,9 @@ def test_rollout_workers_and_learners_land_where_the_config_targets_them(two_nod
 
 def test_validate_checks_the_plan_against_the_connected_cluster(two_nodes):
     def validate(*overrides: str) -> subprocess.CompletedProcess:
-        sets = [arg for item in overrides for arg in ("--set", item)]
-        return subprocess.run(
-            [sys.executable, "-m", "grpo_ray.cli", "validate", str(TINY), "--address", two_nodes["gcs"], *sets],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            cwd=ROOT,
-            timeout=120,
+        sets = set_args(*overrides)
+        return run_cli(
+            "validate", str(TINY), "--address", two_nodes["gcs"], *sets, timeout=120, RAY_AUTH_MODE="disabled"
         )
 
     fits = validate("rollout.node_labels={pool: rollout}", "learner.resources={learner_node: 1}")
@@ -156,9 +138,7 @@ def submit(cluster, tmp_path: Path, name: str, *overrides: str, output: str | No
     workdir = tmp_path / f"{name}-job"
     workdir.mkdir()
     (workdir / "README").write_text("grpo-ray test job\n")  # what --working-dir uploads: keep it small
-    sets = [
-        arg for item in [f"output_dir={tmp_path / (output or name)}", *SHORT, *overrides] for arg in ("--set", item)
-    ]
+    sets = set_args(f"output_dir={tmp_path / (output or name)}", *SHORT, *overrides)
     out = ray_cli(
         "job",
         "submit",
@@ -193,7 +173,7 @@ def test_the_readmes_job_submit_runs_from_an_uploaded_working_dir(two_nodes, tmp
     )
     args = shlex.split(command)
     args[3:3] = ["--no-wait"]  # after `ray job submit`
-    args += [item for setting in SHORT for item in ("--set", setting)]
+    args += set_args(*SHORT)
     out = subprocess.run(
         [str(BIN / "ray"), *args[1:]], cwd=project, capture_output=True, text=True, env=ENV, timeout=120
     )

@@ -11,19 +11,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from grpo_ray.transport.broadcast import free_port
 
-from .conftest import free_ports, ray_head
+from .conftest import ROOT, TINY, free_ports, ray_head, run_cli, set_args
 
-ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "grpo-ray.json"
 # Panels a CPU-only head cannot fill: Ray exports no GPU gauges without a GPU.
 NEEDS_GPU = {"avg by (instance) (ray_node_gpus_utilization)"}
@@ -109,29 +106,16 @@ def query(url: str, expr: str) -> list[dict]:
 
 def test_every_dashboard_query_returns_the_runs_series(tmp_path, metrics_head, prometheus):
     address, _ = metrics_head
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpo_ray.cli",
-            "train",
-            str(ROOT / "configs" / "tiny.yaml"),
-            "--set",
-            f"output_dir={tmp_path / 'run'}",
-            "--set",
-            "train.steps=4",
-            "--set",
-            "data.eval_limit=20",
-            "--set",
-            f"ray.address={address}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
+    settings = [f"output_dir={tmp_path / 'run'}", "train.steps=4", "data.eval_limit=20", f"ray.address={address}"]
+    out = run_cli(
+        "train",
+        str(TINY),
+        *set_args(*settings),
         timeout=400,
+        RAY_AUTH_MODE="disabled",
         # The driver too keeps 127.0.0.1 as it is: Ray would otherwise resolve it to this
         # machine's network address, where the head does not listen.
-        env=dict(os.environ, RAY_AUTH_MODE="disabled", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", PYTHONUNBUFFERED="1"),
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     run_id = out.stdout.strip().splitlines()[-1].split()[2].rstrip(":")  # "MLflow run <id>: <uri>"

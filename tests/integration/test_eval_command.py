@@ -19,6 +19,8 @@ from grpo_ray.commands.evaluate import EvalSettings, evaluate, load_engine, metr
 from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
+from ..conftest import tiny_heldout_eval
+
 TINY_TOOLS = Path(__file__).resolve().parents[2] / "configs" / "tiny-tools.yaml"
 AIME24 = Path("/work/shared/data/math-eval/aime24.parquet")
 # The rows' own data_source field names the source (verl files carry it); the file stem is the
@@ -66,18 +68,7 @@ def test_aime24_with_math_reward(tmp_path):
 
 
 def test_heldout_greedy_accuracy_matches_the_build_record(tmp_path):
-    report = evaluate(
-        EvalSettings(
-            model="tiny",
-            data=("tiny:heldout",),
-            n=1,
-            temperature=0.0,
-            max_tokens=4,
-            reward="exact_match",
-            output_dir=str(tmp_path),
-        ),
-        log=lambda line: None,
-    )
+    report = evaluate(tiny_heldout_eval(tmp_path), log=lambda line: None)
     [source] = report.sources
     expected = ensure_tiny_artifacts().info["start_heldout_accuracy"]
     assert source.source == "heldout" and source.prompts == 500
@@ -87,17 +78,7 @@ def test_heldout_greedy_accuracy_matches_the_build_record(tmp_path):
 
 
 def test_yarn_factor_sets_rope_scaling_of_the_loaded_model(tmp_path):
-    settings = EvalSettings(
-        model="tiny",
-        data=("tiny:heldout",),
-        n=1,
-        temperature=0.0,
-        max_tokens=4,
-        reward="exact_match",
-        yarn_factor=4.0,
-        limit=8,
-        output_dir=str(tmp_path),
-    )
+    settings = tiny_heldout_eval(tmp_path, yarn_factor=4.0, limit=8)
     report = evaluate(settings, log=lambda line: None)
     assert report.sources[0].prompts == 8
     max_positions = json.loads((ensure_tiny_artifacts().model_dir / "config.json").read_text())[

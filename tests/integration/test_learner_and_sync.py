@@ -78,89 +78,94 @@ def start_learner_group(ray, cfg):
     return placement, learners
 
 
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_rank_update_equals_one_rank(local_ray, step_batch, zero_stage):
-    ray = local_ray
-    batch, _, advantages, _ = step_batch
+def max_diff(a: dict, b: dict) -> float:
+    """The largest difference of any parameter between two snapshots."""
+    return max(float(np.abs(a[n] - b[n]).max()) for n in a)
+
+
+def one_update(ray, batch, advantages, algorithm: dict | None = None, **learner) -> tuple[dict, dict, dict]:
+    """(parameters before, after, the rank's metrics) of one train_step of the whole batch on a single
+    rank with these learner (and algorithm) settings."""
+    placement, learners = start_learner_group(ray, make_cfg(learner=learner, algorithm=algorithm or {}))
+    before = ray.get(learners[0].parameters_snapshot.remote())
+    stats = ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
+    after = ray.get(learners[0].parameters_snapshot.remote())
+    ray.kill(learners[0])
+    placement.remove()
+    return before, after, stats.metrics
+
+
+def update_by_world(ray, batch, advantages, learner: dict, rank_rows=None) -> tuple[dict, dict[int, dict]]:
+    """(parameters before, {1 or 2 ranks: rank 0's parameters after one update of the whole batch}).
+    Rank r of `world` trains on rows rank_rows[world][r], by default [r*n/world, (r+1)*n/world); the
+    normalisers stay those of the whole step. Two ranks must end with identical parameters."""
     results = {}
     for world in (1, 2):
-        cfg = make_cfg(learner={"num_workers": world, "zero_stage": zero_stage})
-        placement, learners = start_learner_group(ray, cfg)
+        placement, learners = start_learner_group(ray, make_cfg(learner={"num_workers": world, **learner}))
         # Every rank takes part: under ZeRO-3 gathering the full parameters is a collective.
-        before = ray.get([learner.parameters_snapshot.remote() for learner in learners])[0]
-        # Rank r gets rows [r*n/world, (r+1)*n/world); normalisers stay those of the whole step.
-        parts = np.array_split(np.arange(batch.num_rows), world)
+        before = ray.get([lr.parameters_snapshot.remote() for lr in learners])[0]
+        parts = rank_rows[world] if rank_rows else np.array_split(np.arange(batch.num_rows), world)
         ray.get(
             [
-                learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
-                for learner, rows in zip(learners, parts)
+                lr.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
+                for lr, rows in zip(learners, parts)
             ]
         )
-        snapshots = ray.get([learner.parameters_snapshot.remote() for learner in learners])
+        snapshots = ray.get([lr.parameters_snapshot.remote() for lr in learners])
         results[world] = snapshots[0]
         if world == 2:
             # Both ranks hold (or, under ZeRO-3, gather) identical full parameters after the step.
             for name in snapshots[0]:
-                np.testing.assert_array_equal(snapshots[0][name], snapshots[1][name])
+                np.testing.assert_array_equal(snapshots[0][name], snapshots[1][name], err_msg=name)
         for actor in learners:
             ray.kill(actor)
         placement.remove()
-    moved = max(float(np.abs(results[1][n] - before[n]).max()) for n in before)
-    assert moved > 1e-4, "the update must change the parameters for the comparison to mean anything"
-    worst = max(float(np.abs(results[1][n] - results[2][n]).max()) for n in results[1])
+    return before, results
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_rank_update_equals_one_rank(local_ray, step_batch, zero_stage):
+    batch, _, advantages, _ = step_batch
+    before, results = update_by_world(local_ray, batch, advantages, {"zero_stage": zero_stage})
+    assert max_diff(before, results[1]) > 1e-4, (
+        "the update must change the parameters for the comparison to mean anything"
+    )
+    worst = max_diff(results[1], results[2])
     assert worst < 1e-5, f"2-rank ZeRO-{zero_stage} differs from 1 rank by {worst:.2e}"
-
-
-def _one_update(ray, batch, advantages, **learner) -> tuple[dict, dict]:
-    """(parameters before, after) one train_step of a single rank with these learner settings."""
-    placement, learners = start_learner_group(ray, make_cfg(learner=learner))
-    before = ray.get(learners[0].parameters_snapshot.remote())
-    ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
-    after = ray.get(learners[0].parameters_snapshot.remote())
-    ray.kill(learners[0])
-    placement.remove()
-    return before, after
 
 
 def test_gradient_checkpointing_gives_the_same_update(local_ray, step_batch):
     batch, _, advantages, _ = step_batch
     # Both without shared prompts (checkpointing keeps no cache to share): the same sums in the same order.
-    before, plain = _one_update(local_ray, batch, advantages, share_prompts=False)
-    _, recomputed = _one_update(local_ray, batch, advantages, share_prompts=False, gradient_checkpointing=True)
-    assert max(float(np.abs(recomputed[n] - before[n]).max()) for n in before) > 1e-4
-    worst = max(float(np.abs(recomputed[n] - plain[n]).max()) for n in before)
+    before, plain, _ = one_update(local_ray, batch, advantages, share_prompts=False)
+    _, recomputed, _ = one_update(local_ray, batch, advantages, share_prompts=False, gradient_checkpointing=True)
+    assert max_diff(recomputed, before) > 1e-4
+    worst = max_diff(recomputed, plain)
     assert worst < 1e-6, f"recomputed activations changed the update by {worst:.2e}"
 
 
 def test_shared_prompts_give_the_same_update(local_ray, step_batch):
     batch, _, advantages, _ = step_batch
-    before, plain = _one_update(local_ray, batch, advantages, share_prompts=False)
-    _, shared = _one_update(local_ray, batch, advantages, share_prompts=True)
+    before, plain, _ = one_update(local_ray, batch, advantages, share_prompts=False)
+    _, shared, _ = one_update(local_ray, batch, advantages, share_prompts=True)
     # Adam's first step moves every weight by ~lr (1e-3) in its gradient's sign: a wrong gradient
     # flips signs (2e-3 apart); float rounding only moves weights whose gradient is ~0 (seen: 1e-5).
-    assert max(float(np.abs(shared[n] - before[n]).max()) for n in before) > 5e-4
-    worst = max(float(np.abs(shared[n] - plain[n]).max()) for n in before)
+    assert max_diff(shared, before) > 5e-4
+    worst = max_diff(shared, plain)
     assert worst < 1e-4, f"sharing the prompts' forward changed the update by {worst:.2e}"
 
 
 def test_chunked_logprobs_give_the_same_update(local_ray, step_batch):
     batch, _, advantages, _ = step_batch
-    updates = []
-    for chunk in (0, 3):  # 3 positions a chunk: several chunks per micro-batch, one cut mid-row
-        # An entropy bonus, so the entropy's gradient goes through the chunked backward too.
-        cfg = make_cfg(learner={"logprob_chunk_tokens": chunk}, algorithm={"entropy_coef": 0.01})
-        placement, learners = start_learner_group(local_ray, cfg)
-        before = local_ray.get(learners[0].parameters_snapshot.remote())
-        stats = local_ray.get(
-            learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch)
-        )
-        updates.append((local_ray.get(learners[0].parameters_snapshot.remote()), stats.metrics))
-        local_ray.kill(learners[0])
-        placement.remove()
-    (full, full_metrics), (chunked, chunked_metrics) = updates
-    assert max(float(np.abs(full[n] - before[n]).max()) for n in before) > 5e-4
+    # 3 positions a chunk: several chunks per micro-batch, one cut mid-row. An entropy bonus, so the
+    # entropy's gradient goes through the chunked backward too.
+    (before, full, full_metrics), (_, chunked, chunked_metrics) = (
+        one_update(local_ray, batch, advantages, algorithm={"entropy_coef": 0.01}, logprob_chunk_tokens=chunk)
+        for chunk in (0, 3)
+    )
+    assert max_diff(full, before) > 5e-4
     # As for shared prompts: a wrong gradient flips Adam's ~lr steps; rounding moves near-zero ones.
-    worst = max(float(np.abs(chunked[n] - full[n]).max()) for n in before)
+    worst = max_diff(chunked, full)
     assert worst < 1e-4, f"chunking the LM head changed the update by {worst:.2e}"
     assert abs(chunked_metrics["actor/entropy"] - full_metrics["actor/entropy"]) <= 1e-5 * full_metrics["actor/entropy"]
 
@@ -169,41 +174,28 @@ def test_packing_and_token_budget_micro_batches_give_the_same_update(local_ray, 
     batch, _, advantages, _ = step_batch
     # Rows are ~20 tokens: 60 padded tokens hold ~3 rows a micro-batch, 100 packed ~5 (8 and 4 micro-
     # batches against row-count's 4 of 8), grouped by length instead of batch order.
-    before, rows = _one_update(local_ray, batch, advantages, share_prompts=False)
-    assert max(float(np.abs(rows[n] - before[n]).max()) for n in before) > 5e-4
+    before, rows, _ = one_update(local_ray, batch, advantages, share_prompts=False)
+    assert max_diff(rows, before) > 5e-4
     for learner in (
         {"max_tokens_per_micro_batch": 60},
         {"packing": True},
         {"packing": True, "max_tokens_per_micro_batch": 100},
     ):
-        _, other = _one_update(local_ray, batch, advantages, **learner)
+        _, other, _ = one_update(local_ray, batch, advantages, **learner)
         # As for shared prompts: a wrong gradient flips Adam's ~lr steps; rounding moves near-zero ones.
-        worst = max(float(np.abs(other[n] - rows[n]).max()) for n in before)
+        worst = max_diff(other, rows)
         assert worst < 1e-4, f"{learner} changed the update by {worst:.2e}"
 
 
 def test_two_ranks_with_unequal_token_budget_plans_equal_one_rank(local_ray, step_batch):
     """Rank 1 gets 3 rows to rank 0's 29: it runs out of rows and pads with empty micro-batches, so
     both ranks reduce gradients the same number of times, and the step equals one rank's."""
-    ray = local_ray
     batch, _, advantages, _ = step_batch
     learner = {"packing": True, "max_tokens_per_micro_batch": 80, "zero_stage": 2}
-    results = {}
-    for world, parts in ((1, [np.arange(batch.num_rows)]), (2, [np.arange(29), np.arange(29, batch.num_rows)])):
-        placement, learners = start_learner_group(ray, make_cfg(learner={**learner, "num_workers": world}))
-        before = ray.get(learners[0].parameters_snapshot.remote())
-        ray.get(
-            [
-                learner.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
-                for learner, rows in zip(learners, parts)
-            ]
-        )
-        results[world] = ray.get(learners[0].parameters_snapshot.remote())
-        for actor in learners:
-            ray.kill(actor)
-        placement.remove()
-    assert max(float(np.abs(results[1][n] - before[n]).max()) for n in before) > 1e-4
-    worst = max(float(np.abs(results[1][n] - results[2][n]).max()) for n in results[1])
+    rank_rows = {1: [np.arange(batch.num_rows)], 2: [np.arange(29), np.arange(29, batch.num_rows)]}
+    before, results = update_by_world(local_ray, batch, advantages, learner, rank_rows)
+    assert max_diff(results[1], before) > 1e-4
+    worst = max_diff(results[1], results[2])
     assert worst < 1e-5, f"2 ranks with unequal plans differ from 1 rank by {worst:.2e}"
 
 

@@ -13,24 +13,17 @@ from grpo_ray.cluster.placement import reserve
 from grpo_ray.cluster.roles import setup_learners, start_learners
 from grpo_ray.config import RoleResources, plan_batches
 
-from .test_learner_and_sync import make_cfg, shard_for, start_learner_group, step_batch  # noqa: F401 - fixture
+from .test_learner_and_sync import (  # noqa: F401 - step_batch: a fixture
+    make_cfg,
+    max_diff,
+    one_update,
+    shard_for,
+    start_learner_group,
+    step_batch,
+    update_by_world,
+)
 
 LR = 1e-3  # make_cfg's learner.lr
-
-
-def one_update(ray, batch, advantages, **learner):
-    """(parameters before, after, the rank's metrics) of one train_step on one rank."""
-    placement, learners = start_learner_group(ray, make_cfg(learner=learner))
-    before = ray.get(learners[0].parameters_snapshot.remote())
-    stats = ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
-    after = ray.get(learners[0].parameters_snapshot.remote())
-    ray.kill(learners[0])
-    placement.remove()
-    return before, after, stats.metrics
-
-
-def max_diff(a: dict, b: dict) -> float:
-    return max(float(np.abs(a[n] - b[n]).max()) for n in a)
 
 
 def test_the_schedule_sets_the_lr_the_optimizer_uses(local_ray, step_batch):
@@ -42,29 +35,6 @@ def test_the_schedule_sets_the_lr_the_optimizer_uses(local_ray, step_batch):
     assert metrics["actor/lr"] == LR / 2 and plain["actor/lr"] == LR / 2
     assert max_diff(before, warm) > 1e-4, "the update must move the parameters"
     assert max_diff(warm, half) == 0.0
-
-
-def update_by_world(ray, batch, advantages, learner: dict) -> tuple[dict, dict[int, dict]]:
-    """(parameters before, {1 or 2 ranks: rank 0's parameters after one update of the whole batch})."""
-    results = {}
-    for world in (1, 2):
-        placement, learners = start_learner_group(ray, make_cfg(learner={"num_workers": world, **learner}))
-        before = ray.get([lr.parameters_snapshot.remote() for lr in learners])[0]
-        parts = np.array_split(np.arange(batch.num_rows), world)
-        ray.get(
-            [
-                lr.train_step.remote(shard_for(batch, advantages, rows), batch.select(rows))
-                for lr, rows in zip(learners, parts)
-            ]
-        )
-        snapshots = ray.get([lr.parameters_snapshot.remote() for lr in learners])
-        results[world] = snapshots[0]
-        if world == 2:
-            assert max_diff(snapshots[0], snapshots[1]) == 0.0, "both ranks hold the same parameters"
-        for actor in learners:
-            ray.kill(actor)
-        placement.remove()
-    return before, results
 
 
 def assert_two_ranks_equal_one(before: dict, by_world: dict[int, dict], learner: dict) -> None:

@@ -92,35 +92,19 @@ def test_a_resumed_pipelined_run_continues_exactly(pipelined, tmp_path):
 
 def test_the_run_ends_at_the_first_evaluation_that_reaches_stop_at_accuracy(tmp_path):
     # The tiny model starts near 20% held-out accuracy: the first evaluation after step 0 reaches 5%.
-    result = train(
-        load_config(
-            TINY,
-            [
-                f"output_dir={tmp_path}",
-                "train.steps=6",
-                "train.eval_every=2",
-                "data.eval_limit=20",
-                "rollout.max_staleness=1",
-                "train.stop_at_accuracy=0.05",
-            ],
-        )
-    )
+    settings = [
+        f"output_dir={tmp_path}",
+        "train.steps=6",
+        "train.eval_every=2",
+        "data.eval_limit=20",
+        "rollout.max_staleness=1",
+        "train.stop_at_accuracy=0.05",
+    ]
+    result = train(load_config(TINY, settings))
     assert result.steps == 2 and result.eval_accuracy[2] >= 0.05
     assert result.model_dir is not None and (Path(result.model_dir) / "config.json").exists()
     # The run is finished: the same command again trains nothing.
-    again = train(
-        load_config(
-            TINY,
-            [
-                f"output_dir={tmp_path}",
-                "train.steps=6",
-                "train.eval_every=2",
-                "data.eval_limit=20",
-                "rollout.max_staleness=1",
-                "train.stop_at_accuracy=0.05",
-            ],
-        )
-    )
+    again = train(load_config(TINY, settings))
     assert again.steps == 2
 
 

@@ -5,23 +5,18 @@ on ray.shutdown, and drops a gauge two intervals after the driver stops reportin
 endpoint is polled (in a thread) from before the run starts until every name has been seen.
 """
 
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from grpo_ray.cluster.ray_metrics import EXPORTED_NAMES
 from grpo_ray.transport.broadcast import free_port
 
-from .conftest import ray_head
+from .conftest import TINY, ray_head, run_cli, set_args
 
-ROOT = Path(__file__).resolve().parents[2]
 # Ray's own metrics the dashboard queries that a CPU-only head serves too.
 RAY_OWN = {"ray_node_cpu_utilization", "ray_node_mem_used_host", "ray_node_mem_total_host"}
 
@@ -64,28 +59,8 @@ def test_a_running_job_exports_every_metric(tmp_path, metrics_head):
     scraper = Scraper(metrics_port)
     scraper.start()
     try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "grpo_ray.cli",
-                "train",
-                str(ROOT / "configs" / "tiny.yaml"),
-                "--set",
-                f"output_dir={tmp_path}",
-                "--set",
-                "train.steps=3",
-                "--set",
-                "data.eval_limit=20",
-                "--set",
-                f"ray.address={address}",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=400,
-            env=dict(os.environ, RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1"),
-        )
+        settings = [f"output_dir={tmp_path}", "train.steps=3", "data.eval_limit=20", f"ray.address={address}"]
+        out = run_cli("train", str(TINY), *set_args(*settings), timeout=400, RAY_AUTH_MODE="disabled")
         assert out.returncode == 0, out.stderr[-2000:]
         # The last step's values are flushed at ray.shutdown and served for two report intervals.
         deadline = time.monotonic() + 60

@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from .conftest import ray_processes
+from .test_train_e2e import EVERY_STEP
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -98,19 +99,7 @@ def test_the_first_run(reader):
     # Every step in MLflow: the curves a user opens, and the learner and engine agreeing on each token.
     client = MlflowClient(f"sqlite:///{reader / 'runs' / 'tiny' / 'mlflow.db'}")
     [run_info] = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
-    for key in (
-        "reward/mean",
-        "reward/exact_match/mean",
-        "loss/total",
-        "actor/entropy",
-        "actor/clip_fraction",
-        "response/length_mean",
-        "mismatch/abs_diff_mean",
-        "timing/rollout",
-        "timing/update",
-        "timing/sync",
-        "throughput/completion_tokens_per_s",
-    ):
+    for key in EVERY_STEP:
         assert len(client.get_metric_history(run_info.info.run_id, key)) == 200, key
     assert max(m.value for m in client.get_metric_history(run_info.info.run_id, "mismatch/abs_diff_max")) < 1e-4
     eval_accuracy = {m.step: m.value for m in client.get_metric_history(run_info.info.run_id, "eval/accuracy")}

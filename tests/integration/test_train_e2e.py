@@ -15,14 +15,27 @@ from grpo_ray.config import load_config
 from grpo_ray.training.loop import train
 from grpo_ray.transport.probe import SEPARATION
 
-from .conftest import HAS_VLLM, ray_processes
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "configs" / "tiny.yaml"
+from .conftest import HAS_VLLM, ROOT, TINY, ray_processes, run_cli, set_args
 
 
 def quick_cfg(tmp_path, *overrides):
     return load_config(TINY, [f"output_dir={tmp_path}", *overrides])
+
+
+# The curves a user opens, logged at every step of a run (the tiny recipe's reward is exact_match).
+EVERY_STEP = (
+    "reward/mean",
+    "reward/exact_match/mean",
+    "loss/total",
+    "actor/entropy",
+    "actor/clip_fraction",
+    "response/length_mean",
+    "mismatch/abs_diff_mean",
+    "timing/rollout",
+    "timing/update",
+    "timing/sync",
+    "throughput/completion_tokens_per_s",
+)
 
 
 def metric_history(result, key):
@@ -49,19 +62,7 @@ def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
     assert end - start >= 0.08, f"held-out accuracy {start:.3f} -> {end:.3f}"
     logged = metric_history(result, "eval/accuracy")
     assert logged[0] == pytest.approx(start) and logged[200] == pytest.approx(end)
-    for key in (
-        "reward/mean",
-        "reward/exact_match/mean",
-        "loss/total",
-        "actor/entropy",
-        "actor/clip_fraction",
-        "response/length_mean",
-        "mismatch/abs_diff_mean",
-        "timing/rollout",
-        "timing/update",
-        "timing/sync",
-        "throughput/completion_tokens_per_s",
-    ):
+    for key in EVERY_STEP:
         assert len(metric_history(result, key)) == 200, key
     # The learner and the engine agree on every sampled token: the sync is exact.
     assert max(metric_history(result, "mismatch/abs_diff_max").values()) < 1e-4
@@ -179,16 +180,9 @@ def test_a_bf16_run_at_lr_1e6_with_a_probe_at_every_sync_trains_every_step(tmp_p
     assert "Successfully reset prefix cache" in (tmp_path / "logs" / "vllm-rollout-0.log").read_text()
 
 
-def run_cli(*args, timeout=300, **env_vars):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **env_vars)
-    return subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=ROOT,
-    )
+def train_tiny(output_dir, *settings, **env_vars):
+    """`grpo-ray train configs/tiny.yaml` into `output_dir` with `settings` (`--set` each)."""
+    return run_cli("train", str(TINY), *set_args(f"output_dir={output_dir}", *settings), **env_vars)
 
 
 def error_lines(stderr):
@@ -212,9 +206,7 @@ def error_lines(stderr):
 )
 def test_bad_input_is_one_line_before_any_ray_or_mlflow_run(tmp_path, override, expected):
     before = len(ray_processes())
-    out = run_cli(
-        "train", str(TINY), "--set", f"output_dir={tmp_path}", "--set", override, HF_ENDPOINT="http://127.0.0.1:9"
-    )
+    out = train_tiny(tmp_path, override, HF_ENDPOINT="http://127.0.0.1:9")
     assert out.returncode == 1
     assert error_lines(out.stderr) == [line for line in out.stderr.splitlines() if line.strip()][-1:]
     assert error_lines(out.stderr)[0].startswith(expected), out.stderr[-2000:]
@@ -230,16 +222,7 @@ def test_actor_that_fails_to_start_is_named_and_ray_is_stopped(tmp_path):
     empty.mkdir()
     (empty / "config.json").write_text("{}")
     before = len(ray_processes())
-    out = run_cli(
-        "train",
-        str(TINY),
-        "--set",
-        f"output_dir={tmp_path}",
-        "--set",
-        f"model.path={empty}",
-        "--set",
-        "model.tokenizer=tiny",
-    )
+    out = train_tiny(tmp_path, f"model.path={empty}", "model.tokenizer=tiny")
     assert out.returncode == 1, out.stderr[-2000:]
     line = error_lines(out.stderr)[-1]
     assert "failed to start" in line and "cannot load" in line and str(empty) in line
@@ -255,12 +238,7 @@ def test_ctrl_c_stops_the_run_and_its_local_ray(tmp_path):
             "grpo_ray.cli",
             "train",
             str(TINY),
-            "--set",
-            f"output_dir={tmp_path}",
-            "--set",
-            "train.steps=500",
-            "--set",
-            "data.eval_limit=50",
+            *set_args(f"output_dir={tmp_path}", "train.steps=500", "data.eval_limit=50"),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -289,16 +267,7 @@ def test_a_reward_function_that_always_fails_stops_the_run_naming_it(tmp_path):
     path = tmp_path / "broken_reward.py"
     path.write_text("def broken(completions, prompts, answers, **_):\n    return [1.0 / 0 for _ in completions]\n")
     before = len(ray_processes())
-    out = run_cli(
-        "train",
-        str(TINY),
-        "--set",
-        f"output_dir={tmp_path}",
-        "--set",
-        "data.eval_limit=20",
-        "--set",
-        f"reward.functions=[{{name: '{path}:broken'}}]",
-    )
+    out = train_tiny(tmp_path, "data.eval_limit=20", f"reward.functions=[{{name: '{path}:broken'}}]")
     assert out.returncode == 1, out.stderr[-2000:]
     line = error_lines(out.stderr)[-1]
     assert f"reward function '{path}:broken' failed on 100% of completions" in line

@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_ray.cli import main
 from grpo_ray.config import ConfigError
-from grpo_ray.commands.evaluate import EvalSettings, evaluate
+from grpo_ray.commands.evaluate import evaluate
 from grpo_ray.commands.temperature_sweep import (
     SweepReport,
     TemperatureResult,
@@ -18,6 +18,8 @@ from grpo_ray.commands.temperature_sweep import (
     summarize_temperature,
 )
 from grpo_ray.types import Completion
+
+from ...conftest import tiny_heldout_eval
 
 
 def completion(text: str, tokens: int, finish_reason: str = "stop") -> Completion:
@@ -102,14 +104,12 @@ def test_metrics_and_table_of_a_report():
 
 # ---- the command on the tiny model ---------------------------------------------------------------
 
+SWEEP_TINY = ["sweep-temperature", "--model", "tiny", "--data", "tiny:heldout"]
+
 
 def test_sweep_command_on_the_tiny_model(tmp_path):
     args = [
-        "sweep-temperature",
-        "--model",
-        "tiny",
-        "--data",
-        "tiny:heldout",
+        *SWEEP_TINY,
         "--limit",
         "4",
         "--n",
@@ -154,30 +154,14 @@ def test_sweep_command_on_the_tiny_model(tmp_path):
         assert history == [(0, rows[0][figure]), (1, rows[1][figure])]
 
     # avg@n is eval's: `grpo-ray eval` at 0.5 with the same seed samples and scores the same.
-    report = evaluate(
-        EvalSettings(
-            model="tiny",
-            data=("tiny:heldout",),
-            n=4,
-            temperature=0.5,
-            max_tokens=4,
-            reward="exact_match",
-            limit=4,
-            output_dir=str(tmp_path / "eval"),
-        ),
-        log=lambda line: None,
-    )
+    report = evaluate(tiny_heldout_eval(tmp_path / "eval", n=4, temperature=0.5, limit=4), log=lambda line: None)
     assert report.sources[0].avg_at_k == rows[0]["accuracy"]
 
 
 @pytest.mark.parametrize("temperatures", ["", "0.6,abc", "0", "1.0,-0.5"])
 def test_bad_temperatures_are_one_line_errors(tmp_path, temperatures):
     args = [
-        "sweep-temperature",
-        "--model",
-        "tiny",
-        "--data",
-        "tiny:heldout",
+        *SWEEP_TINY,
         "--temperatures",
         temperatures,
         "--output-dir",

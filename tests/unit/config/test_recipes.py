@@ -58,34 +58,43 @@ def test_recipe_loads_and_its_batch_divides(path):
 # ---- POLARIS (Qwen3-4B): the numbers of POLARIS's scripts/train/qwen3-4b/stage{1,2,3}.sh -------
 
 
-def test_polaris_stages_lengths_and_temperatures():
+@pytest.mark.parametrize(
+    "recipe, model, stages",
+    [
+        # The step split is ours.
+        pytest.param(
+            "polaris.yaml",
+            "Qwen/Qwen3-4B",
+            [(400, 39936, 1.4, 1.2), (200, 48128, 1.45, 1.4), (100, 52224, 1.5, 1.4)],
+            id="polaris",
+        ),
+        # Stage 1 is the published 7B script (15360 tokens at 0.7, validated at 0.6); 1.0 / 1.1 are the
+        # reported later temperatures; stages 2-3's lengths and eval temperatures are ours.
+        pytest.param(
+            "polaris-7b.yaml",
+            "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+            [(400, 15360, 0.7, 0.6), (200, 20480, 1.0, 0.6), (100, 20480, 1.1, 0.6)],
+            id="polaris-7b",
+        ),
+    ],
+)
+def test_polaris_stages_lengths_and_temperatures(recipe, model, stages):
+    cfg = load_config(CONFIGS / recipe)
+    # (steps, max_new_tokens, rollout temperature, eval temperature) of each stage.
+    assert [(s.steps, s.max_new_tokens, s.temperature, s.eval_temperature) for s in plan_stages(cfg)] == stages
+    assert total_steps(cfg) == 700
+    assert cfg.model.path == model
+
+
+def test_polaris_sequence_lengths():
     cfg = load_config(CONFIGS / "polaris.yaml")
-    stages = plan_stages(cfg)
-    # (steps, max_new_tokens, rollout temperature, eval temperature); the step split is ours.
-    assert [(s.steps, s.max_new_tokens, s.temperature, s.eval_temperature) for s in stages] == [
-        (400, 39936, 1.4, 1.2),
-        (200, 48128, 1.45, 1.4),
-        (100, 52224, 1.5, 1.4),
-    ]
     # Total sequence lengths 40K / 48K / 52K: the 1024 prompt tokens plus each stage's completion.
     assert cfg.data.max_prompt_tokens == 1024
-    assert [cfg.data.max_prompt_tokens + s.max_new_tokens for s in stages] == [40 * 1024, 48 * 1024, 52 * 1024]
-    assert total_steps(cfg) == 700
-    assert cfg.model.path == "Qwen/Qwen3-4B"
-
-
-def test_polaris_7b_stages_lengths_and_temperatures():
-    cfg = load_config(CONFIGS / "polaris-7b.yaml")
-    stages = plan_stages(cfg)
-    # Stage 1 is the published 7B script (15360 tokens at 0.7, validated at 0.6); 1.0 / 1.1 are the
-    # reported later temperatures; stages 2-3's lengths and eval temperatures are ours.
-    assert [(s.steps, s.max_new_tokens, s.temperature, s.eval_temperature) for s in stages] == [
-        (400, 15360, 0.7, 0.6),
-        (200, 20480, 1.0, 0.6),
-        (100, 20480, 1.1, 0.6),
+    assert [cfg.data.max_prompt_tokens + s.max_new_tokens for s in plan_stages(cfg)] == [
+        40 * 1024,
+        48 * 1024,
+        52 * 1024,
     ]
-    assert total_steps(cfg) == 700
-    assert cfg.model.path == "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
 
 
 @pytest.mark.parametrize("path", POLARIS_RECIPES, ids=recipe_id)

@@ -141,7 +141,7 @@ def test_keywords_config_mistakes_raise(options, message):
 @pytest.mark.parametrize(
     ("completion", "expected"),
     [
-        # Right (+1) and R1 format (+1.25).
+        # The four cases. Right (+1) and R1 format (+1.25).
         ("<think>48/2 = 24, 48 + 24 = 72</think>\n<answer>72</answer>", 2.25),
         # Right (+1), no answer block so not R1 (-1): the last number of the whole text is read.
         ("<think>48/2 = 24, 48 + 24 = 72</think>\nNatalia sold 72 clips.", 0.0),
@@ -149,16 +149,8 @@ def test_keywords_config_mistakes_raise(options, message):
         ("<think>48/2 = 24, 48 + 24 = 71</think>\n<answer>71</answer>", 0.25),
         # Wrong (-1) and not R1 (-1).
         ("Natalia sold 48 + 48 = 96 clips.", -2.0),
-    ],
-)
-def test_gsm8k_answer_format_four_cases(completion, expected):
-    assert one(gsm8k_answer_format, completion, NATALIA_GOLD) == expected
-
-
-@pytest.mark.parametrize(
-    ("completion", "expected"),
-    [
-        # The answer block is read, not the thinking: 72 in the thinking, 71 answered: -1 + 1.25.
+        # Which answer is read: the answer block, not the thinking. 72 in the thinking, 71 answered:
+        # -1 + 1.25.
         ("<think>It is 72.</think><answer>71</answer>", 0.25),
         # ...and the other way round: 71 in the thinking, 72 answered: +1 + 1.25.
         ("<think>Maybe 71? No.</think><answer>72</answer>", 2.25),
@@ -174,7 +166,7 @@ def test_gsm8k_answer_format_four_cases(completion, expected):
         ("", -2.0),
     ],
 )
-def test_gsm8k_answer_format_answer_extraction(completion, expected):
+def test_gsm8k_answer_format(completion, expected):
     assert one(gsm8k_answer_format, completion, NATALIA_GOLD) == expected
 
 
