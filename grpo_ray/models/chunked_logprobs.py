@@ -18,6 +18,8 @@ its module's forward) take the full-logits path instead: same results, no saving
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -25,99 +27,86 @@ from grpo_ray.algo import entropy_from_logits, token_logprobs_from_logits
 from grpo_ray.models.lm_head import plain_lm_head
 
 
+@dataclass(frozen=True)
+class HeadOptions:
+    """How the LM head's outputs become log-probs: logits divided by the sampling `temperature`;
+    entropies too with `with_entropy`, differentiable only with `entropy_grad` (an entropy bonus);
+    `chunk_tokens` positions at a time (0 with the torch kernel: the full logits); `kernel` "torch",
+    or "liger" (liger-kernel's fused head, models.liger_logprobs; log-probs only)."""
+
+    temperature: float = 1.0
+    with_entropy: bool = False
+    entropy_grad: bool = False
+    chunk_tokens: int = 0
+    kernel: str = "torch"
+
+
 def head_logprobs(
-    model: torch.nn.Module,
-    forward: dict,
-    target_ids: Tensor,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-    chunk_tokens: int,
-    kernel: str = "torch",
+    model: torch.nn.Module, forward: dict, target_ids: Tensor, options: HeadOptions
 ) -> tuple[Tensor, Tensor | None]:
     """Run `model(**forward)` and return the log-probs [N, L] (and entropies with `with_entropy`)
     of `target_ids` [N, L], position j of the output predicting target j (the output's last
     position predicts nothing). The one place both the learner and the reference turn a forward
-    into log-probs. `chunk_tokens` 0 (with the torch kernel), or a model `plain_lm_head` refuses:
-    the full logits. `kernel` "liger": liger-kernel's fused head (models.liger_logprobs), no entropy."""
-    head = _head_for(model, chunk_tokens, kernel)
+    into log-probs. The full logits where `options` ask for no chunking or `plain_lm_head` refuses
+    the model."""
+    head = _head_for(model, options)
     if head is None:
-        return _logits_stats(model(**forward).logits[:, :-1], target_ids, temperature, with_entropy, entropy_grad)
+        return _logits_stats(model(**forward).logits[:, :-1], target_ids, options)
     rows, width = target_ids.shape
     # The decoder ran on every position (logits_to_keep only trims the head): keep those the head would have.
     hidden = last_hidden_state(model, forward)[:, -(width + 1) : -1]
     flat = hidden.reshape(rows * width, hidden.shape[-1])
-    logprobs, entropy = _head_stats(
-        head, flat, target_ids.reshape(-1), temperature, chunk_tokens, with_entropy, entropy_grad, kernel
-    )
+    logprobs, entropy = _head_stats(head, flat, target_ids.reshape(-1), options)
     return logprobs.view(rows, width), (None if entropy is None else entropy.view(rows, width))
 
 
 def logprobs_at(
-    model: torch.nn.Module,
-    forward: dict,
-    positions: Tensor,
-    target_ids: Tensor,
-    temperature: float,
-    with_entropy: bool,
-    entropy_grad: bool,
-    chunk_tokens: int,
-    kernel: str = "torch",
+    model: torch.nn.Module, forward: dict, positions: Tensor, target_ids: Tensor, options: HeadOptions
 ) -> tuple[Tensor, Tensor | None]:
     """head_logprobs for a one-row forward (a packed micro-batch): the log-probs [M] (and entropies)
     of `target_ids` [M], predicted by the outputs at `positions` [M]. The LM head runs on those
     positions only (Hugging Face's logits_to_keep takes an index tensor), chunked as head_logprobs."""
-    head = _head_for(model, chunk_tokens, kernel)
+    head = _head_for(model, options)
     if head is None:
-        logits = model(**forward, logits_to_keep=positions).logits[0]
-        return _logits_stats(logits, target_ids, temperature, with_entropy, entropy_grad)
+        return _logits_stats(model(**forward, logits_to_keep=positions).logits[0], target_ids, options)
     hidden = last_hidden_state(model, forward)[0, positions]
-    return _head_stats(head, hidden, target_ids, temperature, chunk_tokens, with_entropy, entropy_grad, kernel)
+    return _head_stats(head, hidden, target_ids, options)
 
 
-def _head_for(model: torch.nn.Module, chunk_tokens: int, kernel: str) -> torch.nn.Linear | None:
+def _head_for(model: torch.nn.Module, options: HeadOptions) -> torch.nn.Linear | None:
     """The LM head to run apart from the model, or None for the full-logits path."""
-    if kernel not in ("torch", "liger"):
-        raise ValueError(f"learner.logprob_kernel: {kernel!r} is not one of torch, liger")
-    return plain_lm_head(model) if chunk_tokens > 0 or kernel == "liger" else None
+    if options.kernel not in ("torch", "liger"):
+        raise ValueError(f"learner.logprob_kernel: {options.kernel!r} is not one of torch, liger")
+    return plain_lm_head(model) if options.chunk_tokens > 0 or options.kernel == "liger" else None
 
 
 def _head_stats(
-    head: torch.nn.Linear,
-    hidden: Tensor,
-    target_ids: Tensor,
-    temperature: float,
-    chunk_tokens: int,
-    with_entropy: bool,
-    entropy_grad: bool,
-    kernel: str,
+    head: torch.nn.Linear, hidden: Tensor, target_ids: Tensor, options: HeadOptions
 ) -> tuple[Tensor, Tensor | None]:
-    """The chunked path on hidden states [M, H]: log-probs [M] (and entropies, differentiable only
-    with `entropy_grad`), by liger's fused kernel with `kernel` "liger" (log-probs only)."""
-    if kernel == "liger":
-        if with_entropy:
+    """The chunked path on hidden states [M, H]: log-probs [M] (and entropies), by liger's fused
+    kernel with `kernel` "liger" (log-probs only)."""
+    if options.kernel == "liger":
+        if options.with_entropy:
             raise ValueError("learner.logprob_kernel: liger computes no entropy; ask for log-probs only")
         from grpo_ray.models.liger_logprobs import liger_token_logprobs
 
-        return liger_token_logprobs(hidden, head.weight, head.bias, target_ids, temperature), None
+        return liger_token_logprobs(hidden, head.weight, head.bias, target_ids, options.temperature), None
     logprobs, entropy = chunked_token_stats(
-        hidden, head.weight, head.bias, target_ids, temperature, chunk_tokens, with_entropy
+        hidden, head.weight, head.bias, target_ids, options.temperature, options.chunk_tokens, options.with_entropy
     )
-    if entropy is not None and not (entropy_grad and torch.is_grad_enabled()):
+    if entropy is not None and not (options.entropy_grad and torch.is_grad_enabled()):
         entropy = entropy.detach()
     return logprobs, entropy
 
 
-def _logits_stats(
-    logits: Tensor, target_ids: Tensor, temperature: float, with_entropy: bool, entropy_grad: bool
-) -> tuple[Tensor, Tensor | None]:
+def _logits_stats(logits: Tensor, target_ids: Tensor, options: HeadOptions) -> tuple[Tensor, Tensor | None]:
     """The full-logits path: log-probs of `target_ids` (and entropies) from logits made float32."""
     logits = logits.float()
-    logprobs = token_logprobs_from_logits(logits, target_ids, temperature=temperature)
+    logprobs = token_logprobs_from_logits(logits, target_ids, temperature=options.temperature)
     entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits, temperature)
+    if options.with_entropy:
+        with torch.set_grad_enabled(options.entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits, options.temperature)
     return logprobs, entropy
 
 

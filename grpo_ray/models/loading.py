@@ -126,7 +126,7 @@ def sequence_logprobs(
     logits never exist (models.chunked_logprobs): same numbers to float rounding. `kernel` "liger":
     liger-kernel's fused LM head (models.liger_logprobs; log-probs only, no entropy).
     """
-    from grpo_ray.models.chunked_logprobs import head_logprobs
+    from grpo_ray.models.chunked_logprobs import HeadOptions, head_logprobs
 
     # Inputs go where the model's weights are (a DeepSpeed engine or a plain module, CPU or GPU).
     device = next(model.parameters()).device
@@ -136,9 +136,8 @@ def sequence_logprobs(
     # Logits at positions first-1 .. T-1; the last predicts nothing.
     keep = {"logits_to_keep": input_ids.shape[1] - first + 1} if first > 1 else {}
     forward = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **keep)
-    logprobs, entropy = head_logprobs(
-        model, forward, input_ids[:, first:], temperature, with_entropy, entropy_grad, chunk_tokens, kernel
-    )
+    options = HeadOptions(temperature, with_entropy, entropy_grad, chunk_tokens, kernel)
+    logprobs, entropy = head_logprobs(model, forward, input_ids[:, first:], options)
     before = logprobs.new_zeros((logprobs.shape[0], first))
     logprobs = torch.cat([before, logprobs], dim=1)
     if entropy is not None:

@@ -16,9 +16,11 @@ the rows' own [N, T] columns; columns outside a row's completion are 0 and out o
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
-from grpo_ray.models.chunked_logprobs import logprobs_at
+from grpo_ray.models.chunked_logprobs import HeadOptions, logprobs_at
 from grpo_ray.models.loading import prompt_lengths
 from grpo_ray.models.shared_prompts import completion_logprobs
 
@@ -31,13 +33,9 @@ def packed_completion_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     completion_mask: torch.Tensor,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    entropy_grad: bool = False,
-    chunk_tokens: int = 0,
-    kernel: str = "torch",
+    options: HeadOptions = HeadOptions(),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs [N, T] (and entropies with `with_entropy`) at each row's completion
+    """Per-token log-probs [N, T] (and entropies with `options.with_entropy`) at each row's completion
     columns, as shared_prompts.completion_logprobs computes them, with the rows packed."""
     check_packable(model)
     device = next(model.parameters()).device
@@ -58,23 +56,13 @@ def packed_completion_logprobs(
     out_shape = input_ids.shape
     if len(rows) == 0:
         zeros = torch.zeros(out_shape, device=device)
-        return zeros, (zeros.clone() if with_entropy else None)
+        return zeros, (zeros.clone() if options.with_entropy else None)
     forward = dict(
         input_ids=input_ids[real][None],
         position_ids=(attention_mask.cumsum(dim=1) - 1)[real][None],
         use_cache=False,  # with a cache (or a mask) Hugging Face would not read the rows as packed
     )
-    logprobs, entropy = logprobs_at(
-        model,
-        forward,
-        starts[rows] + cols - 1,
-        input_ids[rows, cols],
-        temperature,
-        with_entropy,
-        entropy_grad,
-        chunk_tokens,
-        kernel,
-    )
+    logprobs, entropy = logprobs_at(model, forward, starts[rows] + cols - 1, input_ids[rows, cols], options)
 
     def place(values: torch.Tensor) -> torch.Tensor:
         return values.new_zeros(out_shape).index_put((rows, cols), values)
@@ -110,27 +98,9 @@ def micro_batch_logprobs(
     """The learner's and the reference's one choice of forward for a micro-batch: packed
     (learner.packing), else padded with each distinct prompt run once (learner.share_prompts);
     the LM head as `chunk_tokens` and `kernel` say (learner.logprob_chunk_tokens, logprob_kernel)."""
+    options = HeadOptions(temperature, with_entropy, entropy_grad, chunk_tokens, kernel)
     if packing:
-        return packed_completion_logprobs(
-            model,
-            input_ids,
-            attention_mask,
-            completion_mask,
-            temperature,
-            with_entropy,
-            entropy_grad,
-            chunk_tokens,
-            kernel,
-        )
+        return packed_completion_logprobs(model, input_ids, attention_mask, completion_mask, options)
     return completion_logprobs(
-        model,
-        input_ids,
-        attention_mask,
-        completion_mask,
-        temperature,
-        with_entropy=with_entropy,
-        entropy_grad=entropy_grad,
-        share_prompts=share_prompts,
-        chunk_tokens=chunk_tokens,
-        kernel=kernel,
+        model, input_ids, attention_mask, completion_mask, share_prompts=share_prompts, **asdict(options)
     )

@@ -17,9 +17,11 @@ checkpointing (Hugging Face then keeps no cache) and caches other than the plain
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
-from grpo_ray.models.chunked_logprobs import head_logprobs
+from grpo_ray.models.chunked_logprobs import HeadOptions, head_logprobs
 from grpo_ray.models.loading import first_completion_column, prompt_lengths, sequence_logprobs
 
 
@@ -41,9 +43,9 @@ def completion_logprobs(
     sequence_logprobs (how the LM head runs)."""
     device = next(model.parameters()).device
     input_ids, attention_mask, completion_mask = (t.to(device) for t in (input_ids, attention_mask, completion_mask))
-    head = dict(with_entropy=with_entropy, entropy_grad=entropy_grad, chunk_tokens=chunk_tokens, kernel=kernel)
+    options = HeadOptions(temperature, with_entropy, entropy_grad, chunk_tokens, kernel)
     start = first_completion_column(completion_mask)
-    full = lambda: sequence_logprobs(model, input_ids, attention_mask, temperature, from_column=start, **head)  # noqa: E731
+    full = lambda: sequence_logprobs(model, input_ids, attention_mask, from_column=start, **asdict(options))  # noqa: E731
     found = _distinct_prefixes(input_ids, attention_mask, completion_mask) if share_prompts else None
     if found is None:
         return full()
@@ -66,9 +68,7 @@ def completion_logprobs(
         use_cache=True,
     )
     # Output position j predicts rest token j + 1, i.e. column prefix + j + 1.
-    logprobs, entropy = head_logprobs(
-        model, forward, rest_ids[:, 1:], temperature, with_entropy, entropy_grad, chunk_tokens, kernel
-    )
+    logprobs, entropy = head_logprobs(model, forward, rest_ids[:, 1:], options)
 
     # Back into the rows' own columns; positions past a row's width land in a dropped extra column.
     target = (positions[:, 1:]).clamp(max=input_ids.shape[1])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
+from grpo_ray.models.chunked_logprobs import HeadOptions
 from grpo_ray.models.packing import packed_completion_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
@@ -42,9 +43,8 @@ def test_packed_equals_padded_on_the_gpu(attention, dtype):
     (padded * completion).sum().backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    packed, packed_entropy = packed_completion_logprobs(
-        model, ids, mask, completion, 0.8, with_entropy=True, chunk_tokens=16
-    )
+    options = HeadOptions(0.8, with_entropy=True, chunk_tokens=16)
+    packed, packed_entropy = packed_completion_logprobs(model, ids, mask, completion, options)
     (packed * completion).sum().backward()
     # float32: the CPU test's tolerances; bfloat16: the activations round at ~3 digits either way.
     tol = 1e-5 if dtype == "float32" else 3e-2

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_ray.models.chunked_logprobs import chunked_token_stats, head_logprobs
+from grpo_ray.models.chunked_logprobs import HeadOptions, chunked_token_stats, head_logprobs
 from grpo_ray.models.liger_logprobs import chosen_logprob_kernel, liger_version_problem
 from grpo_ray.models.loading import load_causal_lm
 from grpo_ray.models.tiny import ensure_tiny_artifacts
@@ -59,9 +59,9 @@ def test_an_unknown_kernel_or_liger_with_entropy_is_refused():
     model = load_causal_lm(str(ensure_tiny_artifacts().model_dir))
     forward = {"input_ids": torch.tensor([[5, 6, 7]])}
     with pytest.raises(ValueError, match="learner.logprob_kernel: 'triton' is not one of torch, liger"):
-        head_logprobs(model, forward, torch.tensor([[6, 7]]), 1.0, False, False, 0, kernel="triton")
+        head_logprobs(model, forward, torch.tensor([[6, 7]]), HeadOptions(kernel="triton"))
     with pytest.raises(ValueError, match="liger computes no entropy"):
-        head_logprobs(model, forward, torch.tensor([[6, 7]]), 1.0, True, False, 0, kernel="liger")
+        head_logprobs(model, forward, torch.tensor([[6, 7]]), HeadOptions(with_entropy=True, kernel="liger"))
 
 
 def _interpreted(*args, timeout=600) -> str:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from grpo_ray.models.loading import load_causal_lm, sequence_logprobs
+from grpo_ray.models.chunked_logprobs import HeadOptions
 from grpo_ray.models.packing import check_packable, packed_completion_logprobs
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
@@ -44,9 +45,8 @@ def _compare(model, ids, mask, completion, chunk_tokens):
     )
     ((padded * completion).sum() + 0.1 * (padded_entropy * completion).sum()).backward()
     expected = _grads(model)
-    packed, packed_entropy = packed_completion_logprobs(
-        model, ids, mask, completion, 0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens
-    )
+    options = HeadOptions(0.7, with_entropy=True, entropy_grad=True, chunk_tokens=chunk_tokens)
+    packed, packed_entropy = packed_completion_logprobs(model, ids, mask, completion, options)
     assert packed.shape == ids.shape and packed_entropy.shape == ids.shape
     # Outside the completions: zero (out of every loss).
     assert not (packed * (1 - completion)).any()
@@ -86,7 +86,7 @@ def test_the_model_runs_once_on_the_real_tokens_only():
 def test_no_completion_tokens_gives_zeros():
     model = load_causal_lm(str(ensure_tiny_artifacts().model_dir))
     ids, mask, completion = _rows([ROWS[3]])
-    logprobs, entropy = packed_completion_logprobs(model, ids, mask, completion, with_entropy=True)
+    logprobs, entropy = packed_completion_logprobs(model, ids, mask, completion, HeadOptions(with_entropy=True))
     assert not logprobs.any() and not entropy.any()
 
 
