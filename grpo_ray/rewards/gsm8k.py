@@ -64,6 +64,20 @@ def gsm8k_answers_equal(predicted: str, gold: str) -> bool:
     return abs(float(predicted) - float(gold)) <= ABS_TOLERANCE
 
 
+def gsm8k_correct(text: str, answer: str) -> bool | None:
+    """Whether the answer read from ``text`` equals the gold ``answer``'s as a number (False when
+    ``text`` has none); None when the gold has no number.
+
+    >>> gsm8k_correct("so 72 in all", "#### 72"), gsm8k_correct("no idea", "#### 72"), gsm8k_correct("72", "n/a")
+    (True, False, None)
+    """
+    gold = extract_gsm8k_answer(answer)
+    if gold is None:
+        return None
+    predicted = extract_gsm8k_answer(text)
+    return predicted is not None and gsm8k_answers_equal(predicted, gold)
+
+
 def gsm8k(completions: list[str], prompts: list[str], answers: list[str], **_row_fields) -> list[float | None]:
     """1.0 where the completion's answer equals the gold's as a number, 0.0 where not.
 
@@ -79,11 +93,6 @@ def gsm8k(completions: list[str], prompts: list[str], answers: list[str], **_row
     """
     scores: list[float | None] = []
     for completion, answer in zip(completions, answers, strict=True):
-        gold = extract_gsm8k_answer(answer)
-        if gold is None:
-            scores.append(None)
-            continue
-        predicted = extract_gsm8k_answer(completion)
-        correct = predicted is not None and gsm8k_answers_equal(predicted, gold)
-        scores.append(1.0 if correct else 0.0)
+        correct = gsm8k_correct(completion, answer)
+        scores.append(None if correct is None else float(correct))
     return scores

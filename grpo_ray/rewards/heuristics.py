@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 
 from grpo_ray.rewards.format import compile_format_pattern
-from grpo_ray.rewards.gsm8k import extract_gsm8k_answer, gsm8k_answers_equal
+from grpo_ray.rewards.gsm8k import gsm8k_correct
 
 # gsm8k_answer_format: the R1 format it rewards, and the answer block it reads when present.
 _R1_FORMAT = compile_format_pattern("r1")
@@ -158,13 +158,11 @@ def gsm8k_answer_format(
     """
     scores: list[float | None] = []
     for completion, answer in zip(completions, answers, strict=True):
-        gold = extract_gsm8k_answer(answer)
-        if gold is None:
+        blocks = _ANSWER_BLOCK.findall(completion)
+        correct = gsm8k_correct(blocks[-1] if blocks else completion, answer)
+        if correct is None:
             scores.append(None)
             continue
-        blocks = _ANSWER_BLOCK.findall(completion)
-        predicted = extract_gsm8k_answer(blocks[-1] if blocks else completion)
-        correct = predicted is not None and gsm8k_answers_equal(predicted, gold)
         well_formed = _R1_FORMAT.fullmatch(completion) is not None
         scores.append((1.0 if correct else -1.0) + (1.25 if well_formed else -1.0))
     return scores
