@@ -34,27 +34,27 @@ from grpo_ray.config.schema import Config
 GIB = 1 << 30
 # config.json fields of the Qwen2.5 family and the built-in models, for hub ids and built-in names.
 _QWEN = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
+_QWEN_HALF_B = {
+    **_QWEN,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+}
+# The built-in tiny models (models/tiny.py's build_tiny_model): one shape, their vocabularies apart.
+_TINY = {
+    "model_type": "qwen2",
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "tie_word_embeddings": True,
+}
 ARCHITECTURES: dict[str, dict] = {
-    "tiny": {
-        "model_type": "qwen2",
-        "vocab_size": 55,
-        "hidden_size": 128,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    },
-    "tiny-tools": {
-        "model_type": "qwen2",
-        "vocab_size": 59,
-        "hidden_size": 128,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
-        "tie_word_embeddings": True,
-    },
+    "tiny": {**_TINY, "vocab_size": 55},
+    "tiny-tools": {**_TINY, "vocab_size": 59},
     # The built-in real model (models/smollm2.py), and the hub's HuggingFaceTB/SmolLM2-135M-Instruct.
     "smollm2-135m": {
         "model_type": "llama",
@@ -66,23 +66,9 @@ ARCHITECTURES: dict[str, dict] = {
         "num_key_value_heads": 3,
         "tie_word_embeddings": True,
     },
-    "qwen2.5-0.5b": {
-        **_QWEN,
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-    },
+    "qwen2.5-0.5b": _QWEN_HALF_B,
     # Qwen2-0.5B has the same shape as Qwen2.5-0.5B.
-    "qwen2-0.5b": {
-        **_QWEN,
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-    },
+    "qwen2-0.5b": _QWEN_HALF_B,
     "qwen2.5-1.5b": {
         **_QWEN,
         "hidden_size": 1536,
