@@ -142,36 +142,42 @@ def setup_learners(learners: list[Any]) -> None:
 
 
 def start_rollouts(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
-    return [
-        spawn(
-            RolloutWorker,
-            placement,
-            "rollout",
-            i,
-            resources,
-            rollout_settings(cfg, i),
-            name=f"rollout-{i}",
-            max_restarts=cfg.ray.max_actor_restarts,
-            # A sync's receive runs in a group of its own, beside a generate call (vllm_engine.py).
-            concurrency_groups={SYNC_GROUP: 1} if syncs_during_generation(cfg) else None,
-        )
-        for i in range(cfg.rollout.num_workers)
-    ]
+    settings = [(rollout_settings(cfg, i),) for i in range(cfg.rollout.num_workers)]
+    # A sync's receive runs in a group of its own, beside a generate call (vllm_engine.py).
+    groups = {SYNC_GROUP: 1} if syncs_during_generation(cfg) else None
+    return _start_pool(cfg, RolloutWorker, "rollout", placement, resources, settings, groups)
 
 
 def start_rewards(cfg: Config, placement: Placement, resources: RoleResources) -> list[Any]:
+    return _start_pool(
+        cfg, RewardWorker, "reward", placement, resources, [reward_worker_args(cfg)] * cfg.reward.num_workers
+    )
+
+
+def _start_pool(
+    cfg: Config,
+    cls: type,
+    role: str,
+    placement: Placement,
+    resources: RoleResources,
+    worker_args: list[tuple],
+    concurrency_groups: dict[str, int] | None = None,
+) -> list[Any]:
+    """One worker of `role` per entry of `worker_args` (its constructor's arguments): a pool whose
+    workers Ray restarts when they die (ray.max_actor_restarts), unlike a learner rank or the reference."""
     return [
         spawn(
-            RewardWorker,
+            cls,
             placement,
-            "reward",
+            role,
             i,
             resources,
-            *reward_worker_args(cfg),
-            name=f"reward-{i}",
+            *args,
+            name=f"{role}-{i}",
             max_restarts=cfg.ray.max_actor_restarts,
+            concurrency_groups=concurrency_groups,
         )
-        for i in range(cfg.reward.num_workers)
+        for i, args in enumerate(worker_args)
     ]
 
 
