@@ -241,8 +241,13 @@ class ScoredBatch:
     rows: list[int]  # rows of each
     scored: list[ScoredSlice]  # the scores of each
     group_offset: int  # group id of the batch's first prompt within the step
-    streamed: bool = False  # chunks in finishing order: their rows go into group order (train/rows.batch_rows)
-    kept_groups: int | None = None  # streamed with dynamic sampling: the first groups kept, the rest aborted; None: all
+    # The rows that make the batch, in the order they go, as indices into every slice's rows one
+    # after the other; None: all of them, as listed. (A streamed rollout lists its chunks in the
+    # order they finished and may stop before every group is in: training/rows.batch_rows.)
+    order: np.ndarray | None = None
+    # The batch's groups its rollout stopped without, once it had the groups it needed (dynamic
+    # sampling); None: a rollout that cannot stop early.
+    unused_groups: int | None = None
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
-from grpo_ray.algo.diversity import group_distinct_ratio
+from grpo_ray.actors.slices import Sample
 from grpo_ray.envs.contract import PROMPT_MESSAGES
 from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
 from grpo_ray.envs.failures import FAILURE_KINDS, LOST, episode_timeout_line, failure_kind, failure_line
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
 from grpo_ray.rewards.environment import ERROR_FIELD, LOST_FIELD, TOOL_ERROR_FIELD
 from grpo_ray.rewards.environment import FIELD as ENVIRONMENT_FIELD
-from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, RolloutSlice, SamplingSettings
+from grpo_ray.types import EPISODE_FIELD_PREFIX, Completion, Prompt, SamplingSettings
 
 
 class Turns(Protocol):
@@ -53,6 +54,27 @@ class Turns(Protocol):
 SEED_RANGE = 2**63
 # An episode's counts: its tool calls, overflows and (0 or 1) its failure's kind (envs/failures.py).
 COUNTS = ("tool_calls", "unparsable_calls", "tool_errors", "overflows", *FAILURE_KINDS)
+
+
+class State(Enum):
+    """What an episode waits on. Each state but GENERATE and DONE is answered by one handler: the
+    engine's finished turn (_take_turn) or the environment's reply to its request (REPLY_HANDLERS)."""
+
+    RESET = "reset"  # the environment's first messages and tools
+    GENERATE = "generate"  # its next turn, to be started
+    GENERATING = "generating"  # the engine's turn
+    STEP = "step"  # the environment's answer to the turn
+    FINISH = "finish"  # the environment's reward() and the instance's release
+    DONE = "done"
+
+    @property
+    def on_environment(self) -> bool:
+        return self in (State.RESET, State.STEP, State.FINISH)
+
+    @property
+    def running(self) -> bool:
+        """Whether its time limit still applies (a finishing episode already ended)."""
+        return self in (State.STEP, State.GENERATE, State.GENERATING)
 
 
 @dataclass(frozen=True)
@@ -82,7 +104,7 @@ class Episode:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
     started: float = field(default_factory=time.monotonic)
     ended: float = 0.0  # when its last reply came (time.monotonic)
-    state: str = "reset"  # waiting on: "reset" | "step" | "finish" | "generate" | "generating"; "done"
+    state: State = State.RESET
     cached_tokens: int = 0  # of its turns' contexts, the tokens the engine found in its prefix cache
     context_tokens: int = 0  # its turns' contexts together (what a turn without any cache computes first)
     turn_seed: int = 0
@@ -132,23 +154,23 @@ class EpisodeRunner:
                 self._round(episodes, turns)
                 for k in sorted(pending):
                     group = episodes[k * group_size : (k + 1) * group_size]
-                    if all(e.state == "done" for e in group):
+                    if all(e.state is State.DONE for e in group):
                         pending.discard(k)
                         yield k, group
         finally:
             turns.close()
-            self._abandoned |= {e.key for e in episodes if e.state != "done"}
+            self._abandoned |= {e.key for e in episodes if e.state is not State.DONE}
 
     def _round(self, episodes: list[Episode], turns: Turns) -> None:
         """Start every ready turn, then take what the engine and the environment have finished."""
         for index, episode in enumerate(episodes):
-            if episode.state == "generate":
+            if episode.state is State.GENERATE:
                 seed = (episode.turn_seed * 1_000_003 + episode.tokens.turns) % SEED_RANGE
                 turns.start(index, episode.tokens.context, seed)
                 episode.context_tokens += len(episode.tokens.context)
-                episode.state = "generating"
-        generating = any(e.state == "generating" for e in episodes)
-        stepping = any(e.state in ("reset", "step", "finish") for e in episodes)
+                episode.state = State.GENERATING
+        generating = any(e.state is State.GENERATING for e in episodes)
+        stepping = any(e.state.on_environment for e in episodes)
         # Both sides work at once: each is asked in turn, briefly while the other has work.
         done = turns.finished(0.02 if stepping else 0.5) if generating else []
         for index, turn in done:
@@ -168,7 +190,7 @@ class EpisodeRunner:
         self.pool.close()
 
     def _take_turn(self, episode: Episode, turn: Completion) -> None:
-        if episode.state != "generating":
+        if episode.state is not State.GENERATING:
             return  # the episode ended meanwhile (its time ran out)
         room = self.settings.max_episode_tokens - episode.tokens.length
         ids, logprobs = list(turn.token_ids[:room]), list(turn.logprobs[:room])
@@ -187,35 +209,41 @@ class EpisodeRunner:
             episode.finish_reason = "stop" if ended and not out_of_budget else "length"
             self._finish(episode)
         else:
-            episode.state = "step"
+            episode.state = State.STEP
             self.pool.send("step", episode.key, episode.answer)
 
     def _receive(self, episode: Episode, reply: EnvReply) -> None:
-        if episode.state == "done" or (episode.state == "finish" and reply.op != "finish"):
+        """The environment's reply to the episode's request, handed to that request's handler."""
+        answered = State(reply.op)
+        if episode.state is State.DONE or (episode.state is State.FINISH and answered is not State.FINISH):
             return  # a reply to a request the episode gave up on (it timed out meanwhile)
         if reply.error is not None:
-            # Only its first failure counts: a finish after a failed reset may fail for want of state.
-            if episode.error is None:
-                episode.error = failure_line(self.class_name, reply.op, reply.failure, reply.error)
-                episode.lost = reply.failure == LOST
-                episode.counts[failure_kind(reply.op, reply.failure)] += 1
-            if reply.op == "finish":
-                episode.state, episode.ended = "done", time.monotonic()
-            else:
-                self._finish(episode)
+            self._failed(episode, reply, answered)
             return
-        if reply.op == "reset":
-            messages, tools = reply.value
-            episode.tokens.prompt = self.render(messages, True, tools)
-            episode.tools = len(tools)
-            episode.messages = list(messages)
-            episode.state = "generate"
-        elif reply.op == "step":
-            self._after_step(episode, reply.value)
+        handler = {State.RESET: self._after_reset, State.STEP: self._after_step, State.FINISH: self._after_finish}
+        handler[answered](episode, reply.value)
+
+    def _failed(self, episode: Episode, reply: EnvReply, answered: State) -> None:
+        # Only its first failure counts: a finish after a failed reset may fail for want of state.
+        if episode.error is None:
+            episode.error = failure_line(self.class_name, reply.op, reply.failure, reply.error)
+            episode.lost = reply.failure == LOST
+            episode.counts[failure_kind(reply.op, reply.failure)] += 1
+        if answered is State.FINISH:
+            episode.state, episode.ended = State.DONE, time.monotonic()
         else:
-            episode.reward += reply.value or 0.0
-            episode.state = "done"
-            episode.ended = time.monotonic()
+            self._finish(episode)
+
+    def _after_reset(self, episode: Episode, value) -> None:
+        messages, tools = value
+        episode.tokens.prompt = self.render(messages, True, tools)
+        episode.tools = len(tools)
+        episode.messages = list(messages)
+        episode.state = State.GENERATE
+
+    def _after_finish(self, episode: Episode, reward: float | None) -> None:
+        episode.reward += reward or 0.0
+        episode.state, episode.ended = State.DONE, time.monotonic()
 
     def _after_step(self, episode: Episode, step) -> None:
         episode.reward += step.reward
@@ -237,22 +265,35 @@ class EpisodeRunner:
             self._finish(episode)
             return
         episode.tokens.add_reply(reply)
-        episode.state = "generate"
+        episode.state = State.GENERATE
 
     def _finish(self, episode: Episode) -> None:
-        episode.state = "finish"
+        episode.state = State.FINISH
         self.pool.send("finish", episode.key)
 
     def _expire(self, episodes: list[Episode]) -> None:
         now = time.monotonic()
         for episode in episodes:
-            if (
-                episode.state in ("step", "generate", "generating")
-                and now - episode.started > self.settings.episode_timeout_s
-            ):
+            if episode.state.running and now - episode.started > self.settings.episode_timeout_s:
                 episode.error = episode_timeout_line(self.settings.episode_timeout_s)
                 episode.counts["episode_timeouts"] += 1
                 self._finish(episode)
+
+
+def episode_sample(episode: Episode) -> Sample:
+    """An episode as the row it becomes (actors/slices.py): its tokens exact (envs/episode.py), its
+    last answer what the reward functions score, its figures and failure in its fields."""
+    input_ids, mask, logprobs = episode.tokens.arrays()
+    return Sample(
+        input_ids=input_ids,
+        completion_mask=mask,
+        logprobs=logprobs,
+        answer=episode.answer,
+        finish_reason=episode.finish_reason,
+        fields=episode_fields(episode),
+        earned=episode.tokens.earned_array(),
+        messages=list(episode.messages),
+    )
 
 
 def episode_fields(episode: Episode) -> dict[str, float | str | None]:
@@ -278,57 +319,6 @@ def episode_fields(episode: Episode) -> dict[str, float | str | None]:
     return {ENVIRONMENT_FIELD: reward, **errors, **{EPISODE_FIELD_PREFIX + k: float(v) for k, v in figures.items()}}
 
 
-def pack_episodes(
-    rows: list[tuple[int, Prompt, Episode]],
-    pad_id: int,
-    policy_version: int,
-    diversity: dict[int, float],
-    turn_credit: float = 0.0,
-    keep_messages: bool = False,
-) -> RolloutSlice:
-    """(group id, prompt, episode) rows as a RolloutSlice: one row per episode, its tokens exact
-    (envs/episode.py), its last answer the completion the reward functions score. turn_credit > 0
-    (EpisodeSettings): each model token's `reward_before`, turn_credit x what its turn did not earn.
-    keep_messages (SamplingSettings.keep_messages): each row's conversation goes along (`messages`)."""
-    arrays = [episode.tokens.arrays() for _, _, episode in rows]
-    width = max(len(ids) for ids, _, _ in arrays)
-    n = len(rows)
-    input_ids = np.full((n, width), pad_id, dtype=np.int64)
-    attention = np.zeros((n, width), dtype=np.int64)
-    completion_mask = np.zeros((n, width), dtype=np.float32)
-    logprobs = np.zeros((n, width), dtype=np.float32)
-    for i, (ids, mask, lps) in enumerate(arrays):
-        input_ids[i, : len(ids)], attention[i, : len(ids)] = ids, 1
-        completion_mask[i, : len(ids)], logprobs[i, : len(ids)] = mask, lps
-    fields = [{**prompt.fields, **episode_fields(episode)} for _, prompt, episode in rows]
-    names = sorted({name for row in fields for name in row})
-    return RolloutSlice(
-        group_ids=np.array([g for g, _, _ in rows], dtype=np.int64),
-        prompt_uids=np.array([p.uid for _, p, _ in rows], dtype=np.int64),
-        input_ids=input_ids,
-        attention_mask=attention,
-        completion_mask=completion_mask,
-        rollout_logprobs=logprobs,
-        prompts=[p.text for _, p, _ in rows],
-        completions=[e.answer for _, _, e in rows],
-        answers=[p.answer for _, p, _ in rows],
-        finish_reasons=[e.finish_reason for _, _, e in rows],
-        row_fields={name: [row.get(name) for row in fields] for name in names},
-        policy_versions=np.full(n, policy_version, dtype=np.int64),
-        group_diversity=np.array([diversity[g] for g, _, _ in rows], dtype=np.float64),
-        reward_before=_reward_before(rows, width, turn_credit) if turn_credit else None,
-        messages=[list(e.messages) for _, _, e in rows] if keep_messages else None,
-    )
-
-
-def _reward_before(rows: list[tuple[int, Prompt, Episode]], width: int, turn_credit: float) -> np.ndarray:
-    before = np.zeros((len(rows), width), dtype=np.float32)
-    for i, (_, _, episode) in enumerate(rows):
-        earned = episode.tokens.earned_array()
-        before[i, : len(earned)] = turn_credit * earned
-    return before
-
-
 def episode_inputs(
     prompts: list[Prompt], group_offset: int, sampling: SamplingSettings
 ) -> tuple[list[dict], list[int], SamplingSettings]:
@@ -347,18 +337,3 @@ def episode_row(prompt: Prompt) -> dict:
     if prompt.context:
         row[PROMPT_MESSAGES] = [*prompt.context, {"role": "user", "content": prompt.text}]
     return row
-
-
-def pack_groups(
-    groups: list[tuple[int, list[Episode]]],
-    prompts: list[Prompt],
-    group_offset: int,
-    pad_id: int,
-    policy_version: int,
-    turn_credit: float,
-    keep_messages: bool = False,
-) -> RolloutSlice:
-    """(k, prompt k's episodes) as one slice of whole groups, group ids offset by `group_offset`."""
-    entries = [(group_offset + k, prompts[k], episode) for k, episodes in groups for episode in episodes]
-    diversity = {group_offset + k: group_distinct_ratio([e.answer for e in episodes]) for k, episodes in groups}
-    return pack_episodes(entries, pad_id, policy_version, diversity, turn_credit, keep_messages)

@@ -70,15 +70,13 @@ def rollout_refs(
     num_slices: int,
     group_offset: int = 0,
     version: int | None = None,
-    method: str = "generate",
 ) -> list[list]:
     """Split prompts evenly across workers; per worker, `num_slices` RolloutSlice refs. `version`: the
-    weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError).
-    method: the RolloutWorker method that samples (the rollout kind's: generate, generate_episodes)."""
+    weights every worker must hold (a worker restarted while idle refuses, see StaleWeightsError)."""
     refs = []
     for i, worker in enumerate(rollouts):
         share, offset = worker_share(prompts, i, len(rollouts))
-        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices, version, method))
+        refs.append(generate_refs(worker, share, group_offset + offset, sampling, num_slices, version))
     return refs
 
 
@@ -89,10 +87,8 @@ def generate_refs(
     sampling: SamplingSettings,
     num_slices: int,
     version: int | None = None,
-    method: str = "generate",
 ) -> list:
-    call = getattr(worker, method).options(num_returns=num_slices)
-    out = call.remote(prompts, group_offset, sampling, num_slices, version)
+    out = worker.generate.options(num_returns=num_slices).remote(prompts, group_offset, sampling, num_slices, version)
     return out if num_slices > 1 else [out]
 
 
@@ -103,15 +99,11 @@ def chunk_stream(
     sampling: SamplingSettings,
     groups_per_chunk: int,
     version: int | None = None,
-    method: str = "generate_chunks",
 ):
     """A streaming call: an ObjectRefGenerator of RolloutSlice refs, one per `groups_per_chunk`
-    finished groups (RolloutWorker.generate_chunks, or generate_episode_chunks for episodes).
-    ray.cancel(stream) makes the worker abort."""
-    return (
-        getattr(worker, method)
-        .options(num_returns="streaming")
-        .remote(prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled)
+    finished groups (RolloutWorker.generate_chunks). ray.cancel(stream) makes the worker abort."""
+    return worker.generate_chunks.options(num_returns="streaming").remote(
+        prompts, group_offset, sampling, groups_per_chunk, version, task_cancelled
     )
 
 
@@ -188,7 +180,7 @@ def gather_fail_fast(calls: list) -> list:
 
 
 def evaluation_refs(
-    rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int, method: str = "generate"
+    rollouts: list, prompts: list[Prompt], sampling: SamplingSettings, version: int
 ) -> tuple[list, list[int]]:
     """Held-out prompts split across the rollout workers, one slice each: (refs, rows of each).
     Uneven shares are fine here: evaluation slices do not go to the learners."""
@@ -198,7 +190,7 @@ def evaluation_refs(
     refs, rows, start = [], [], 0
     for worker, size in zip(rollouts, sizes):
         if size:
-            refs.append(getattr(worker, method).remote(prompts[start : start + size], start, sampling, 1, version))
+            refs.append(worker.generate.remote(prompts[start : start + size], start, sampling, 1, version))
             rows.append(size * sampling.samples_per_prompt)
         start += size
     return refs, rows

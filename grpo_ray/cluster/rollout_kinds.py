@@ -4,11 +4,11 @@ scores collected, and what a dead worker held issued again. The run chooses its 
 
     whole shares (whole_shares.py)   each worker returns its share as one slice per learner rank;
                                      the reward pool scores each slice, queued behind it
-    episodes (whole_shares.py)       the same shares, each sample an episode of several turns with
-                                     the recipe's environment (RolloutWorker.generate_episodes)
     streamed (streams.py)            groups handed back and scored as they finish; the recipe's stop
-                                     rule ends the rollout once it has the groups it needs; with an
-                                     environment, each group's G samples are episodes
+                                     rule ends the rollout once it has the groups it needs
+
+What a sample is (one completion, or an episode with an environment) is the rollout worker's
+affair (actors/samplers.py): both kinds ask every worker the same two methods.
 
 The recipe (training/batch.py) hands `collect` its stop rule: given the chunks scored so far, how
 many of the batch's groups to keep, or None while they do not settle it. Whole shares score
@@ -52,8 +52,3 @@ class RolloutKind:
         """Wait for its rollout and scores (timed as "rollout" and "reward"). current: the weights the
         workers hold now (a dead worker's share is sampled again by the flight's, cluster/recovery.py)."""
         raise NotImplementedError
-
-    @property
-    def remote_method(self) -> str:
-        """The RolloutWorker method that samples this kind's rows (evaluation asks for the same)."""
-        return "generate"

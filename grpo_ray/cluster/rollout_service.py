@@ -4,7 +4,7 @@
     flight = service.issue(prompts, sampling, group_offset, version)       # queued; nothing waited for
     batch = service.collect(flight, timer, current, stop)                  # a ScoredBatch
 
-The rollout's kind (cluster/rollout_kinds.py: whole shares, episodes or streamed) is chosen once,
+The rollout's kind (cluster/rollout_kinds.py: whole shares or streamed) is chosen once,
 here, from the recipe; the service hands each call to it. A worker that dies meanwhile is replaced,
 and only what it held is issued again (each kind's own `_recover`), so the batch is the one an
 unhurt run draws. `stop` is the recipe's rule for ending a streamed rollout early (dynamic
@@ -19,7 +19,7 @@ from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.rollout_kinds import Flight, RolloutKind, StopRule
 from grpo_ray.cluster.streams import Streamed
-from grpo_ray.cluster.whole_shares import Episodes, WholeShares
+from grpo_ray.cluster.whole_shares import WholeShares
 from grpo_ray.config import Config
 from grpo_ray.types import Prompt, SamplingSettings, ScoredBatch
 
@@ -48,16 +48,9 @@ class RolloutService:
         once it has the groups it needs (rollout_kinds.StopRule)."""
         return self.kind.collect(flight, timer, current, stop)
 
-    @property
-    def remote_method(self) -> str:
-        """The RolloutWorker method this run's rows are sampled by (evaluation samples the same way)."""
-        return self.kind.remote_method
-
 
 def choose_kind(cfg: Config, workers: Workers, recovery: WorkerRecovery | None) -> RolloutKind:
     """The run's kind, chosen once from the recipe."""
     if cfg.rollout.groups_per_chunk:
-        return Streamed(cfg, workers, recovery, episodes=cfg.environment.spec is not None)
-    if cfg.environment.spec:
-        return Episodes(cfg, workers, recovery)
+        return Streamed(cfg, workers, recovery)
     return WholeShares(cfg, workers, recovery)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 
 from grpo_ray.cluster.dispatch import (
@@ -53,10 +54,8 @@ class StreamedRollout:
         sampling: SamplingSettings,
         group_offset: int,
         version: int,
-        method: str = "generate_chunks",
     ):
         self.cfg, self.workers, self.prompts, self.sampling = cfg, workers, prompts, sampling
-        self.method = method  # the RolloutWorker's streaming method
         self.group_offset = group_offset
         self.chunks: dict[int, list[Chunk]] = {}  # per rollout worker, its chunks in arrival order
         self.due: dict[int, list[int]] = {}  # per rollout worker, the group count of each chunk it owes
@@ -78,7 +77,6 @@ class StreamedRollout:
             self.sampling,
             self.cfg.rollout.groups_per_chunk,
             version,
-            self.method,
         )
 
     @property
@@ -159,6 +157,15 @@ class StreamedRollout:
         ]
 
 
+def group_order(scored: list[ScoredSlice], end: int) -> np.ndarray:
+    """The chunks' rows (one after the other) in group order, a group's in sample order, those of
+    groups from `end` on left out: the rows are the seed's whichever group finished first, and
+    only the groups the stop rule kept stay."""
+    group_ids = np.concatenate([s.group_ids for s in scored])
+    order = np.argsort(group_ids, kind="stable")
+    return order[group_ids[order] < end]
+
+
 def _task_refs(tasks: tuple) -> list:
     parts, model = tasks
     return list(parts.values()) + ([model] if model is not None else [])
@@ -173,18 +180,11 @@ class Streamed(RolloutKind):
     """rollout.groups_per_chunk > 0: groups scored as they finish; the recipe's stop rule may end
     the rollout once the batch's first groups, read in id order, hold what it needs."""
 
-    def __init__(self, cfg: Config, workers: Workers, recovery, episodes: bool = False):
-        """episodes: each sample an episode with the recipe's environment (generate_episode_chunks)."""
+    def __init__(self, cfg: Config, workers: Workers, recovery):
         self.cfg, self.workers, self.recovery = cfg, workers, recovery
-        self.chunk_method = "generate_episode_chunks" if episodes else "generate_chunks"
-        self.whole_method = "generate_episodes" if episodes else "generate"
-
-    @property
-    def remote_method(self) -> str:
-        return self.whole_method
 
     def issue(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int, version: int) -> Flight:
-        streamed = StreamedRollout(self.cfg, self.workers, prompts, sampling, group_offset, version, self.chunk_method)
+        streamed = StreamedRollout(self.cfg, self.workers, prompts, sampling, group_offset, version)
         return StreamedFlight(prompts, sampling, group_offset, version, streamed)
 
     def generated(self, flight: StreamedFlight) -> bool:
@@ -196,13 +196,15 @@ class Streamed(RolloutKind):
     def collect(self, flight: StreamedFlight, timer, current: int, stop: StopRule | None) -> ScoredBatch:
         cut = self._drive(flight, timer, current, stop)
         chunks = flight.streamed.scored_chunks()
+        scored = [c[2] for c in chunks]
+        kept = len(flight.prompts) if cut is None else cut
         return ScoredBatch(
             [c[0] for c in chunks],
             [c[1] for c in chunks],
-            [c[2] for c in chunks],
+            scored,
             flight.group_offset,
-            streamed=True,
-            kept_groups=cut,
+            order=group_order(scored, flight.group_offset + kept),
+            unused_groups=len(flight.prompts) - kept,
         )
 
     def _drive(self, flight: StreamedFlight, timer, current: int, stop: StopRule | None) -> int | None:

@@ -1,6 +1,6 @@
 """Whole shares (cluster/rollout_kinds.py): each rollout worker returns its share of the prompts as
 one RolloutSlice per learner rank (cluster/dispatch.py), and the reward pool scores each slice,
-queued behind it. Episodes are whole shares whose samples are episodes (RolloutWorker.generate_episodes).
+queued behind it.
 
 A worker that dies meanwhile is replaced, and only what it held is issued again: a rollout
 worker's share with the same seeds and the weights that sampled the rest of the flight, a reward
@@ -43,9 +43,7 @@ class WholeShares(RolloutKind):
 
     def issue(self, prompts: list[Prompt], sampling: SamplingSettings, group_offset: int, version: int) -> Flight:
         workers = self.workers
-        per_worker = rollout_refs(
-            workers.rollouts, prompts, sampling, len(workers.learners), group_offset, version, self.remote_method
-        )
+        per_worker = rollout_refs(workers.rollouts, prompts, sampling, len(workers.learners), group_offset, version)
         rows = len(prompts) * sampling.samples_per_prompt // (len(workers.learners) * len(workers.rollouts))
         tasks = [score_tasks(workers, ref, rows) for ref in rank_major(per_worker)]
         return WholeShareFlight(prompts, sampling, group_offset, version, per_worker, rows, tasks)
@@ -102,7 +100,6 @@ class WholeShares(RolloutKind):
                 flight.sampling,
                 len(workers.learners),
                 flight.version,
-                self.remote_method,
             ),
         )
         refs = rank_major(flight.per_worker)
@@ -111,11 +108,3 @@ class WholeShares(RolloutKind):
             flight.tasks[i] = score_tasks(workers, refs[i], flight.rows_per_slice)
         self.recovery.log(f"re-issued rollout-{index}'s {len(share)} prompts")
         return list(again)
-
-
-class Episodes(WholeShares):
-    """Whole shares whose every sample is an episode with the recipe's environment."""
-
-    @property
-    def remote_method(self) -> str:
-        return "generate_episodes"

@@ -190,12 +190,9 @@ def _sample_and_score(cfg: Config, prompts, sampling, log: Callable[[str], None]
         log(f"sampling {len(prompts)} prompts x {k} {what}{'s' * (k > 1)}{with_env} on {cfg.rollout.backend}")
         started = time.perf_counter()
         try:
-            sample = worker.generate_episodes if worker.episodes is not None else worker.generate
-            batch: RolloutSlice = sample(prompts, 0, sampling, 1)
-        finally:  # the engine (vLLM's processes) and the environment's processes end here, not at exit
-            worker.engine.shutdown()
-            if worker.episodes is not None:
-                worker.episodes.close()
+            batch: RolloutSlice = worker.generate(prompts, 0, sampling, 1)
+        finally:
+            worker.close()
         timings["timing/generate"] = time.perf_counter() - started
         started = time.perf_counter()
         scored = _with_reward_model(cfg, batch, scorer.score(batch))

@@ -118,7 +118,8 @@ class BatchBuilder:
         self.batches_drawn = 0  # generation batches so far: each samples with its own seed (1, 2, ...)
         self.pending: deque[Generation] = deque()  # started ahead of their step (rollout.max_staleness)
         self.last_batch: StepBatch | None = None  # for the sample tables
-        self.unused_groups = 0  # this step's groups a streamed rollout stopped without (dynamic sampling)
+        # This step's groups its rollouts stopped without (dynamic sampling); None: they cannot stop early.
+        self.unused_groups: int | None = None
 
     def prefetch(self, sampling_for: Callable[[int], SamplingSettings], count: int) -> None:
         """Start the next `count` steps' first generation batches now, with the weights the workers
@@ -153,7 +154,7 @@ class BatchBuilder:
         accumulator = (
             GroupAccumulator(p, cfg.algorithm.dynamic_sampling_max_tries) if cfg.algorithm.dynamic_sampling else None
         )
-        self.unused_groups = 0
+        self.unused_groups = None
         if self.pending:
             generation = self.pending.popleft()
         else:
@@ -179,7 +180,7 @@ class BatchBuilder:
             "batch/staleness": float(self.policy_version() - min(versions)),
             "batch/policy_version": float(min(versions)),
         }
-        if cfg.rollout.groups_per_chunk and accumulator is not None:
+        if self.unused_groups is not None and accumulator is not None:
             metrics["batch/unused_groups"] = float(self.unused_groups)
         train = generated if accumulator is None else self._dynamic_sample(generated, generations, accumulator, metrics)
 
@@ -222,8 +223,8 @@ class BatchBuilder:
         )
         stop = None if need is None else partial(_enough_groups, need=need, preview=preview)
         batch = self.service.collect(flight, timer, self.policy_version(), stop)
-        if batch.kept_groups is not None:  # groups dynamic sampling did not need: aborted, or finished unread
-            self.unused_groups += len(flight.prompts) - batch.kept_groups
+        if batch.unused_groups is not None:  # groups dynamic sampling did not need: aborted, or finished unread
+            self.unused_groups = (self.unused_groups or 0) + batch.unused_groups
         with timer("reward"):
             rows = self._accepted(batch_rows(batch, max_new_tokens, len(refs), self.overlong), batch.scored)
         refs.extend(batch.refs)

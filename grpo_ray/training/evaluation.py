@@ -82,9 +82,7 @@ def _scored_samples(run: Run, sampling: SamplingSettings) -> list[ScoredSlice]:
     idle before it) is brought back and the evaluation runs again: with the same seed and weights it
     draws the same samples, so the accuracy is the one an unhurt run measures."""
     while True:
-        refs, rows = evaluation_refs(
-            run.workers.rollouts, run.inputs.eval_prompts, sampling, run.sync.version, run.builder.service.remote_method
-        )
+        refs, rows = evaluation_refs(run.workers.rollouts, run.inputs.eval_prompts, sampling, run.sync.version)
         try:
             return score_slices(run.workers, run.cfg.reward.model.weight, refs, rows)
         except CallFailed as failed:

@@ -339,16 +339,10 @@ def shape_rewards(
 
 def batch_rows(batch: ScoredBatch, max_new_tokens: int, first_source: int, overlong: Overlong) -> StepRows:
     """A scored batch's rows, overlong treatment applied (the running shaping is the builder's); their
-    sources index its refs from `first_source` on. Streamed chunks arrive in finishing order: the rows
-    are put in group order (a group's in sample order), and only the groups dynamic sampling kept
-    stay, so the rows are the seed's whichever group finished first."""
+    sources index its refs from `first_source` on; they are the batch's `order` (ScoredBatch)."""
     rewards, weights = shape_rewards(batch.scored, max_new_tokens, overlong)
     rows = StepRows.from_scored(batch.scored, rewards, weights, first_source)
-    if batch.streamed:
-        rows = rows.select(np.argsort(rows.group_ids, kind="stable"))
-    if batch.kept_groups is not None:
-        rows = rows.select(np.flatnonzero(rows.group_ids < batch.group_offset + batch.kept_groups))
-    return rows
+    return rows if batch.order is None else rows.select(batch.order)
 
 
 def preview_rewards(

@@ -146,7 +146,7 @@ def test_a_run_with_workers_killed_in_every_phase_equals_the_straight_run(tmp_pa
         )
 
     assert len(kills) >= 8, kills
-    generating = (".generate", ".generate_episodes")
+    generating = (".generate", ".generate_chunks")
     outside_generate = [k for k in kills if k["role"] == "RolloutWorker" and not k["doing"].endswith(generating)]
     assert len(outside_generate) >= 3, kills
     # Every rollout worker's death was found (in a call, a sync, or by its stale weights) and replaced

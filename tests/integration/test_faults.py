@@ -335,11 +335,11 @@ def vllm_orphans() -> list[int]:
 
 
 def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_again(tmp_path, straight_episodes):
-    # Episodes of several turns (an environment): the worker is killed inside generate_episodes,
+    # Episodes of several turns (an environment): the worker is killed inside generate (its sampler runs episodes),
     # replaced, and its share's episodes run again from their seeds; the run equals the straight one.
     out = tmp_path / "hurt"
     extra = [arg for item in EPISODES for arg in ("--set", item)]
-    lines, killed = run_killing(command(out, *extra), "ray::RolloutWorker.generate_episodes")
+    lines, killed = run_killing(command(out, *extra), "ray::RolloutWorker.generate")
     text = "".join(lines)
     assert killed, f"no episode call was seen after step 2: {text[-2000:]}"
     assert "rollout-0 died and was replaced by process" in text and "re-issued rollout-0's 32 prompts" in text

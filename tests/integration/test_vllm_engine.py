@@ -146,7 +146,7 @@ def test_a_sync_lands_in_the_middle_of_an_episode_on_a_tensor_parallel_engine(lo
         sync = WeightBroadcaster(learners, rollouts, bucket_mb=0.5, timeout_s=120, during_generation=True, probe=probe)
         ray.get(learners[0].train_step.remote(shard_for(batch, advantages, np.arange(batch.num_rows)), batch))
         sampling = SamplingSettings(2, 8, 1.0, seed=1)
-        running = rollouts[0].generate_episodes.remote([_prompt_of(batch)] * 2, 0, sampling, 1)
+        running = rollouts[0].generate.remote([_prompt_of(batch)] * 2, 0, sampling, 1)
         time.sleep(3.0)  # turn 1 done, the environment's first step under way
         result = sync.sync(version=1, probe=None, probe_tolerance=1e-4)
         episodes = ray.get(running, timeout=120)

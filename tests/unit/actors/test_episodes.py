@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, episode_fields, pack_episodes
+from grpo_ray.actors.episodes import EpisodeRunner, EpisodeSettings, episode_fields, episode_sample
+from grpo_ray.actors.slices import pack_samples
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation, RewardWorker
 from grpo_ray.envs.failures import FAILURE_KINDS, EnvironmentMonitor, episode_counts
 from grpo_ray.actors.hf_engine import HFEngine
@@ -273,7 +274,7 @@ def test_a_model_that_calls_none_of_its_tools_hears_it_once_after_three_steps(en
             episodes = episodes_runner.run(
                 [{"prompt": prompt.text}] * 4, [10 * step + i for i in range(4)], hf.turns(SAMPLING)
             )
-            rows = pack_episodes([(0, prompt, e) for e in episodes], tokenizer.pad_token_id, 0, {0: 1.0})
+            rows = pack_samples([(0, prompt, episode_sample(e)) for e in episodes], tokenizer.pad_token_id, 0, {0: 1.0})
             monitor.record(*episode_counts([scorer.score(rows)]))
             notices.append(monitor.end_batch())
     finally:

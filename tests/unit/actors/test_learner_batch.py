@@ -30,7 +30,8 @@ def test_an_empty_micro_batch_is_the_first_row_at_weight_zero():
 
 
 def test_per_turn_credit_takes_what_earlier_steps_earned_off_each_turns_advantage():
-    from grpo_ray.actors.episodes import Episode, pack_episodes
+    from grpo_ray.actors.episodes import Episode, episode_sample
+    from grpo_ray.actors.slices import pack_samples
     from grpo_ray.actors.learner_batch import concat_rows, turn_credit_moved
     from grpo_ray.envs.episode import EpisodeTokens
     from grpo_ray.types import Prompt
@@ -41,11 +42,11 @@ def test_per_turn_credit_takes_what_earlier_steps_earned_off_each_turns_advantag
     tokens.add_reply([5])
     tokens.add_turn([6], [-0.3], earned_before=0.5)
     prompt = Prompt(uid=7, text="q", token_ids=(1, 2), answer="a", fields={})
-    row = (0, prompt, Episode(tokens))
+    row = (0, prompt, episode_sample(Episode(tokens)))
     # environment.reward_weight 2: the credit is the weighted reward.
-    credited = pack_episodes([row], pad_id=0, policy_version=0, diversity={0: 1.0}, turn_credit=2.0)
+    credited = pack_samples([row], pad_id=0, policy_version=0, diversity={0: 1.0}, turn_credit=2.0)
     assert credited.reward_before.tolist() == [[0, 0, 0, 0, 0, 1.0]]
-    assert pack_episodes([row], 0, 0, {0: 1.0}).reward_before is None  # per-episode by default
+    assert pack_samples([row], 0, 0, {0: 1.0}).reward_before is None  # per-episode by default
     batch = concat_rows([credited], [np.array([0.8])], [np.ones(1)], None, 0, slopes=[np.array([0.25])])
     # Turn 1 (and the masked reply) keeps the row's advantage; turn 2 loses slope x credit = 0.25 x 1.0.
     assert np.allclose(batch["advantages"][0, 2:].numpy(), [0.8, 0.8, 0.8, 0.55])

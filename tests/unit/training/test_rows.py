@@ -356,7 +356,8 @@ def test_step_rows_to_assembled_slices_end_to_end():
 def _episode_slice():
     """Two episodes of the prompt [7]: [7 | 21 22 | 50 51 | 23] (a reply between two turns; the step
     after turn 1 earned 0.5, credited x2) and [7 | 25] (one turn)."""
-    from grpo_ray.actors.episodes import Episode, pack_episodes
+    from grpo_ray.actors.episodes import Episode, episode_sample
+    from grpo_ray.actors.slices import pack_samples
     from grpo_ray.envs.episode import EpisodeTokens
 
     long, short = EpisodeTokens(prompt=[7]), EpisodeTokens(prompt=[7])
@@ -364,8 +365,11 @@ def _episode_slice():
     long.add_reply([50, 51])
     long.add_turn([23], [-3.0], earned_before=0.5)
     short.add_turn([25], [-0.5])
-    rows = [(1, PB, Episode(long, answer="long")), (1, PB, Episode(short, answer="short"))]
-    return pack_episodes(rows, PAD, policy_version=2, diversity={1: 0.25}, turn_credit=2.0)
+    rows = [
+        (1, PB, episode_sample(Episode(long, answer="long"))),
+        (1, PB, episode_sample(Episode(short, answer="short"))),
+    ]
+    return pack_samples(rows, PAD, policy_version=2, diversity={1: 0.25}, turn_credit=2.0)
 
 
 def test_an_episode_kept_for_rescue_keeps_its_replies_as_context():

@@ -5,8 +5,8 @@ import json
 
 import numpy as np
 
-from grpo_ray.actors.episodes import Episode, pack_episodes
-from grpo_ray.actors.slices import pack_slice
+from grpo_ray.actors.episodes import Episode, episode_sample
+from grpo_ray.actors.slices import pack_samples, pack_slice
 from grpo_ray.envs.episode import EpisodeTokens
 from grpo_ray.training.rows import KeptResponse, SliceAssembly, assemble_slice
 from grpo_ray.training.sample_table import episode_text, sample_rows
@@ -35,7 +35,9 @@ def calculator_episode() -> Episode:
 
 
 def episode_slice(keep_messages: bool) -> RolloutSlice:
-    return pack_episodes([(0, PROMPT, calculator_episode())], PAD, 0, {0: 1.0}, keep_messages=keep_messages)
+    return pack_samples(
+        [(0, PROMPT, episode_sample(calculator_episode()))], PAD, 0, {0: 1.0}, keep_messages=keep_messages
+    )
 
 
 def test_an_episodes_row_shows_its_call_the_reply_its_turns_and_reward():
