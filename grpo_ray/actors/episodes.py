@@ -29,7 +29,8 @@ import numpy as np
 
 from grpo_ray.actors.slices import Sample
 from grpo_ray.envs.contract import PROMPT_MESSAGES
-from grpo_ray.envs.episode import EpisodeTokens, reply_tokens
+from grpo_ray.chat_template import reply_tokens
+from grpo_ray.envs.episode import EpisodeTokens
 from grpo_ray.envs.failures import FAILURE_KINDS, LOST, episode_timeout_line, failure_kind, failure_line
 from grpo_ray.envs.runner import EnvironmentPool, EnvReply
 from grpo_ray.rewards.environment import ERROR_FIELD, LOST_FIELD, TOOL_ERROR_FIELD

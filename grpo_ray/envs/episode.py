@@ -16,12 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The replies' tokens: the chat template's, measured below envs/ so that the tiny-tools model's
-# transcripts (models/) measure them the same way.
-from grpo_ray.chat_template import reply_tokens
-
-__all__ = ["EpisodeTokens", "reply_tokens"]
-
 
 @dataclass
 class EpisodeTokens:

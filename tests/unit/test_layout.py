@@ -41,7 +41,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cluster": set("actors config errors quiet transport types".split()),
     # Actors take typed settings (cluster/settings.py), never the recipe: of config/, only the check
     # of rollout.vllm.engine_args that the engine shares with the driver's preflight.
-    "actors": set("algo config.vllm_args envs errors models quiet rewards transport types".split()),
+    "actors": set("algo chat_template config.vllm_args envs errors models quiet rewards transport types".split()),
     "data": set("builtin_names errors models types".split()),
     "config": set("algo builtin_names".split()),
     "models": set("algo builtin_names chat_template errors quiet types".split()),
