@@ -371,3 +371,18 @@ def test_the_ray_rule_sees_a_remote_call(tmp_path):
     path = tmp_path / "mod.py"
     path.write_text("import ray\nx = ray.get([a.f.remote(1)])\n")
     assert ray_uses(path) == ({"get"}, 1)
+
+
+def test_the_readme_map_and_the_design_layout_name_every_package_and_top_level_module():
+    root = PACKAGE.parent
+    readme = (root / "README.md").read_text()
+    readme_map = readme[readme.index("## A map of the code") :].split("```")[1]
+    design = (root / "docs" / "design.md").read_text()
+    layout = design[design.index("## Layout") : design.index("## Where a new thing goes")]
+    names = sorted({p.name + "/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()})
+    names += sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    missing = {
+        "README.md's map": [n for n in names if n not in readme_map],
+        "docs/design.md's layout": [n for n in names if f"grpo_ray/{n}" not in layout],
+    }
+    assert missing == {"README.md's map": [], "docs/design.md's layout": []}, missing
