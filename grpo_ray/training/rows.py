@@ -16,7 +16,7 @@ kept rows into each learner rank's payload.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -180,73 +180,68 @@ class StepRows:
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
+    def _per_row(self) -> dict[str, np.ndarray | dict[str, np.ndarray]]:
+        """Every field that holds one entry per row, by name: the [N] arrays and the name -> [N]
+        tables (per_function, episode_stats). `replacements` is none of them: its keys are row
+        positions, which selecting and concatenating renumber."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "replacements"}
+
     @staticmethod
     def from_scored(
         scored: list[ScoredSlice], rewards: list[np.ndarray], row_weights: list[np.ndarray], first_source: int = 0
     ) -> StepRows:
         """Every row of the scored slices, slice after slice; slice k is source first_source + k."""
-        return StepRows(
-            sources=np.concatenate(
-                [np.full(len(s.rewards), first_source + k, dtype=np.int64) for k, s in enumerate(scored)]
-            ),
-            rows=np.concatenate([np.arange(len(s.rewards), dtype=np.int64) for s in scored]),
-            group_ids=np.concatenate([s.group_ids for s in scored]).astype(np.int64),
-            prompt_uids=np.concatenate([s.prompt_uids for s in scored]).astype(np.int64),
-            rewards=np.concatenate(rewards).astype(np.float64),
-            per_function={
-                name: np.concatenate([s.per_function[name] for s in scored]) for name in scored[0].per_function
-            },
-            row_weights=np.concatenate(row_weights).astype(np.float32),
-            completion_lengths=np.concatenate([s.completion_lengths for s in scored]).astype(np.int64),
-            truncated=np.concatenate([s.truncated for s in scored]),
-            group_diversity=np.concatenate([s.group_diversity for s in scored]),
-            episode_stats={
-                name: np.concatenate([s.episode_stats[name] for s in scored]) for name in scored[0].episode_stats
-            },
+        return StepRows.concat(
+            [
+                StepRows(
+                    sources=np.full(len(s.rewards), first_source + k, dtype=np.int64),
+                    rows=np.arange(len(s.rewards), dtype=np.int64),
+                    group_ids=np.asarray(s.group_ids, dtype=np.int64),
+                    prompt_uids=np.asarray(s.prompt_uids, dtype=np.int64),
+                    rewards=np.asarray(slice_rewards, dtype=np.float64),
+                    per_function=s.per_function,
+                    row_weights=np.asarray(weights, dtype=np.float32),
+                    completion_lengths=np.asarray(s.completion_lengths, dtype=np.int64),
+                    truncated=s.truncated,
+                    group_diversity=s.group_diversity,
+                    episode_stats=s.episode_stats,
+                )
+                for k, (s, slice_rewards, weights) in enumerate(zip(scored, rewards, row_weights, strict=True))
+            ]
         )
 
     @staticmethod
     def concat(parts: list[StepRows]) -> StepRows:
+        """The parts' rows one after another (a table's names are the first part's)."""
+
+        def joined(columns: list) -> np.ndarray | dict[str, np.ndarray]:
+            if isinstance(columns[0], dict):
+                return {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
+            return np.concatenate(columns)
+
         offsets = np.cumsum([0] + [len(p) for p in parts])
+        columns = [p._per_row() for p in parts]
         return StepRows(
-            sources=np.concatenate([p.sources for p in parts]),
-            rows=np.concatenate([p.rows for p in parts]),
-            group_ids=np.concatenate([p.group_ids for p in parts]),
-            prompt_uids=np.concatenate([p.prompt_uids for p in parts]),
-            rewards=np.concatenate([p.rewards for p in parts]),
-            per_function={
-                name: np.concatenate([p.per_function[name] for p in parts]) for name in parts[0].per_function
-            },
-            row_weights=np.concatenate([p.row_weights for p in parts]),
-            completion_lengths=np.concatenate([p.completion_lengths for p in parts]),
-            truncated=np.concatenate([p.truncated for p in parts]),
-            group_diversity=np.concatenate([p.group_diversity for p in parts]),
+            **{name: joined([c[name] for c in columns]) for name in columns[0]},
             replacements={
                 int(offset) + row: r for p, offset in zip(parts, offsets) for row, r in p.replacements.items()
-            },
-            episode_stats={
-                name: np.concatenate([p.episode_stats[name] for p in parts]) for name in parts[0].episode_stats
             },
         )
 
     def select(self, index: np.ndarray) -> StepRows:
         """Rows `index` (repeats allowed), in that order; a replaced row keeps its replacement."""
         index = np.asarray(index, dtype=np.int64)
+
+        def taken(column: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
+            if isinstance(column, dict):
+                return {name: values[index] for name, values in column.items()}
+            return column[index]
+
         return StepRows(
-            sources=self.sources[index],
-            rows=self.rows[index],
-            group_ids=self.group_ids[index],
-            prompt_uids=self.prompt_uids[index],
-            rewards=self.rewards[index],
-            per_function={name: values[index] for name, values in self.per_function.items()},
-            row_weights=self.row_weights[index],
-            completion_lengths=self.completion_lengths[index],
-            truncated=self.truncated[index],
-            group_diversity=self.group_diversity[index],
+            **{name: taken(column) for name, column in self._per_row().items()},
             replacements={
                 new: self.replacements[int(old)] for new, old in enumerate(index) if int(old) in self.replacements
             },
-            episode_stats={name: values[index] for name, values in self.episode_stats.items()},
         )
 
     def with_group_ids(self, group_ids: np.ndarray) -> StepRows:
