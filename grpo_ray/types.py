@@ -269,6 +269,11 @@ class LearnerShard:
     # Per-turn credit (environment.reward_per_turn): one [N_k] array per slice, each row's advantage
     # per unit of its own reward (algo.advantage_slopes); None: one advantage per row.
     advantage_slopes: list[np.ndarray] | None = None
+    # Distillation (distillation.teachers): each token's advantage less distill_coef x its reverse KL
+    # to the teacher (algo/distill.py); `teachers` arrays of teacher log-probs per slice follow the
+    # slices (and their reference log-probs) in the payload, teacher by teacher. None: no teacher.
+    distill_coef: float | None = None
+    teachers: int = 0
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from grpo_ray.actors.deepspeed_setup import (
     loss_scale,
     safe_checkpoint_engine,
 )
-from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch, turn_credit_moved
+from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch, split_payload, turn_credit_moved
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
@@ -49,7 +49,7 @@ from grpo_ray.models.loading import (
 from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
 from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
-from grpo_ray.types import LearnerShard, LearnerStats, RolloutSlice, SyncReport, WeightSpec
+from grpo_ray.types import LearnerShard, LearnerStats, SyncReport, WeightSpec
 
 
 class LearnerWorker:
@@ -112,19 +112,24 @@ class LearnerWorker:
     def train_step(self, shard: LearnerShard, *payload) -> LearnerStats:
         """One optimizer step on this rank's slices.
 
-        payload = the K RolloutSlices of this rank, then (when kl_coef > 0) their K reference
-        log-prob arrays — passed as top-level arguments so Ray resolves the object references
-        here, on the learner, and the driver never holds them.
+        payload = the K RolloutSlices of this rank, then (KL in the loss) their K reference log-prob
+        arrays, then (distillation) each teacher's K log-prob arrays — passed as top-level arguments
+        so Ray resolves the object references here, on the learner, and the driver never holds them.
         """
         started = time.perf_counter()
         moved = self.offload.bring_back()  # learner.offload_states_between_updates: Adam's moments, gradients
         lr = self._set_lr(shard.step)
         skipped_before = self.engine.skipped_steps
-        k = len(shard.advantages)
-        slices: list[RolloutSlice] = list(payload[:k])
-        ref_arrays = list(payload[k:]) if len(payload) > k else None
+        slices, ref_arrays, teachers = split_payload(payload, len(shard.advantages), shard.teachers)
         batch = concat_rows(
-            slices, shard.advantages, shard.row_weights, ref_arrays, self.tokenizer.pad_token_id, shard.advantage_slopes
+            slices,
+            shard.advantages,
+            shard.row_weights,
+            ref_arrays,
+            self.tokenizer.pad_token_id,
+            shard.advantage_slopes,
+            teachers,
+            shard.distill_coef or 0.0,
         )
         turn_credit = turn_credit_moved(batch)
         stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from grpo_ray.algo.distill import distilled_advantages, merge_teachers
 from grpo_ray.types import RolloutSlice, pad_and_stack
 
 
@@ -18,12 +19,16 @@ def concat_rows(
     refs: list[np.ndarray] | None,
     pad_id: int,
     slopes: list[np.ndarray] | None = None,
+    teachers: list[list[np.ndarray]] | None = None,
+    distill_coef: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
     slice's width, so all come out equally wide).
 
     slopes (per-turn credit, LearnerShard.advantage_slopes): advantages become per token, each
-    model token's row advantage less its slope x the reward earned before its turn."""
+    model token's row advantage less its slope x the reward earned before its turn.
+    teachers (distillation): per teacher, its log-probs of each slice (NaN: rows it does not
+    teach); each taught model token's advantage less distill_coef x its reverse KL to the teacher."""
     batch = {
         "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
         "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
@@ -39,7 +44,24 @@ def concat_rows(
         slope = torch.from_numpy(np.concatenate(slopes).astype(np.float32))
         batch["turn_credit"] = slope[:, None] * before  # what each token's advantage leaves out (a metric)
         batch["advantages"] = batch["advantages"][:, None] - batch["turn_credit"]
+    if teachers:
+        merged = [merge_teachers([own[i] for own in teachers]) for i in range(len(slices))]
+        teacher = torch.from_numpy(pad_and_stack(merged, float("nan")))
+        batch["advantages"] = distilled_advantages(
+            batch["advantages"], batch["rollout_logprobs"], teacher, batch["completion_mask"], distill_coef
+        )
     return batch
+
+
+def split_payload(
+    payload: tuple, k: int, teachers: int
+) -> tuple[list[RolloutSlice], list[np.ndarray] | None, list[list[np.ndarray]] | None]:
+    """A train_step's payload as (its K slices, their reference log-probs or None, per teacher
+    its K log-prob arrays or None): the slices first, the teachers' arrays last."""
+    slices, rest = list(payload[:k]), list(payload[k:])
+    taught = rest[len(rest) - teachers * k :] if teachers else []
+    refs = rest[: len(rest) - len(taught)]
+    return slices, refs or None, [taught[j * k : (j + 1) * k] for j in range(teachers)] or None
 
 
 def turn_credit_moved(batch: dict[str, torch.Tensor]) -> float | None:

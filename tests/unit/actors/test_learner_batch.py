@@ -54,3 +54,32 @@ def test_per_turn_credit_takes_what_earlier_steps_earned_off_each_turns_advantag
     assert abs(turn_credit_moved(batch) - 0.25 / 3) < 1e-7 and "turn_credit" not in batch
     plain = concat_rows([credited], [np.array([0.8])], [np.ones(1)], None, 0)
     assert np.allclose(plain["advantages"].numpy(), [0.8]) and turn_credit_moved(plain) is None
+
+
+def test_a_payload_carries_its_slices_then_reference_then_each_teachers_arrays():
+    from grpo_ray.actors.learner_batch import split_payload
+
+    slices, refs, teachers = split_payload(("s0", "s1", "r0", "r1", "a0", "a1", "b0", "b1"), 2, 2)
+    assert (slices, refs, teachers) == (["s0", "s1"], ["r0", "r1"], [["a0", "a1"], ["b0", "b1"]])
+    assert split_payload(("s0", "a0"), 1, 1) == (["s0"], None, [["a0"]])
+    assert split_payload(("s0", "r0"), 1, 0) == (["s0"], ["r0"], None)
+
+
+def test_each_slices_rows_take_their_teachers_signal():
+    from grpo_ray.actors.learner_batch import concat_rows
+    from grpo_ray.actors.slices import pack_slice
+    from grpo_ray.types import Completion, Prompt
+
+    prompt = Prompt(uid=0, text="q", token_ids=(1, 2), answer="a")
+    completion = Completion(token_ids=(5, 6), logprobs=(-1.0, -2.0), text="x", finish_reason="stop")
+    one, two = pack_slice([(0, prompt, completion)], 0, 0), pack_slice([(1, prompt, completion)], 0, 0)
+    nan = float("nan")
+    # Teacher a teaches slice one's row, teacher b slice two's: the gaps are -1 - (-0.5) and -2 - (-3).
+    a = [np.array([[0, 0, -0.5, -3.0]], np.float32), np.full((1, 4), nan, np.float32)]
+    b = [np.full((1, 4), nan, np.float32), np.array([[0, 0, -2.0, -1.0]], np.float32)]
+    ones = [np.ones(1), np.ones(1)]
+    batch = concat_rows(
+        [one, two], [np.array([0.25]), np.array([0.0])], ones, None, 0, teachers=[a, b], distill_coef=0.5
+    )
+    # Row 0: 0.25 - 0.5 x (-0.5) = 0.5 and 0.25 - 0.5 x 1 = -0.25; row 1: -0.5 x 1 and -0.5 x (-1).
+    assert batch["advantages"].tolist() == [[0.25, 0.25, 0.5, -0.25], [0.0, 0.0, -0.5, 0.5]]

@@ -1,0 +1,100 @@
+"""On-policy distillation: a teacher's log-prob of each token the student sampled, as its signal.
+
+For a token x_t the student sampled (behaviour log-prob b_t = log pi_old(x_t | x_<t), what the
+rollout engine recorded) and the teacher's log-prob of the same token q_t = log pi_T(x_t | x_<t):
+
+    reverse KL per token   k_t = b_t - q_t           (its mean over sampled tokens estimates
+                                                       KL(pi_old || pi_T), the reverse KL)
+    advantage              A_t = A_row + (-coef * k_t)
+
+A_row is the GRPO advantage of the row (0 when the teacher is the only signal), and A_t then
+enters the same clipped policy loss. A token the teacher rates above the student is pushed up, one
+it rates below is pushed down, each by how far the two disagree on it (Thinking Machines' and
+tinker-cookbook's on-policy distillation; TRL's and verl's use the same per-token reverse KL).
+Only the model's own tokens carry it: the prompt and an environment's replies (mask 0) carry none,
+and a row no teacher scored (NaN: another data source's) keeps A_row alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class TeacherSums:
+    """A teacher's scoring of one slice, summed over the model tokens of the rows it taught; the
+    teacher actor returns it beside its log-probs, and distill_metrics divides the sums of a step."""
+
+    reverse_kl: float  # sum of behaviour log-prob - teacher log-prob
+    teacher_logprob: float
+    student_logprob: float  # the behaviour (sampling) log-probs
+    tokens: int
+    rows: int
+
+
+def taught_rows(values: Sequence[object] | None, num_rows: int, sources: Sequence[str]) -> np.ndarray:
+    """[N] bool: the rows a teacher scores. `sources` empty: every row; else the rows whose
+    source field (`values`, one per row, None where the data has no such field) is one of them."""
+    if not sources:
+        return np.ones(num_rows, dtype=bool)
+    wanted = set(sources)
+    return np.array([values is not None and values[i] in wanted for i in range(num_rows)], dtype=bool)
+
+
+def merge_teachers(logprobs: Sequence[np.ndarray]) -> np.ndarray:
+    """One [N, T] array from each teacher's (NaN on the rows it did not score): a row takes the
+    first teacher that scored it (routing gives each row one teacher at most)."""
+    merged = np.array(logprobs[0], dtype=np.float32, copy=True)
+    for other in logprobs[1:]:
+        fill = np.isnan(merged) & ~np.isnan(other)
+        merged[fill] = other[fill]
+    return merged
+
+
+def reverse_kl_per_token(behaviour: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+    """[N, T] b_t - q_t on the model's tokens of taught rows, 0 elsewhere (a NaN teacher: untaught)."""
+    taught = (mask > 0) & ~torch.isnan(teacher)
+    return torch.where(taught, behaviour - torch.nan_to_num(teacher), torch.zeros_like(behaviour))
+
+
+def distilled_advantages(advantages: Tensor, behaviour: Tensor, teacher: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """[N, T] A_row (or an [N, T] per-token advantage, per-turn credit's) plus -coef x reverse KL on
+    every taught model token."""
+    per_token = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(behaviour)
+    return per_token - coef * reverse_kl_per_token(behaviour, teacher, mask)
+
+
+def teacher_sums(behaviour: np.ndarray, teacher: np.ndarray, mask: np.ndarray) -> TeacherSums:
+    """What a teacher's metrics are made of, over the taught model tokens of one slice (summed
+    across slices, then divided: distill_metrics)."""
+    taught = (mask > 0) & ~np.isnan(teacher)
+    b, q = behaviour[taught].astype(np.float64), teacher[taught].astype(np.float64)
+    return TeacherSums(
+        reverse_kl=float((b - q).sum()),
+        teacher_logprob=float(q.sum()),
+        student_logprob=float(b.sum()),
+        tokens=int(taught.sum()),
+        rows=int(taught.any(axis=1).sum()),
+    )
+
+
+def distill_metrics(sums_by_teacher: dict[str, list[TeacherSums]]) -> dict[str, float]:
+    """distill/<teacher>/{reverse_kl, teacher_logprob, student_logprob} per token and /rows, and
+    distill/reverse_kl over every teacher's tokens."""
+    metrics: dict[str, float] = {}
+    total_kl = total_tokens = 0.0
+    for name, parts in sums_by_teacher.items():
+        tokens = sum(p.tokens for p in parts)
+        for key in ("reverse_kl", "teacher_logprob", "student_logprob"):
+            total = sum(getattr(p, key) for p in parts)
+            metrics[f"distill/{name}/{key}"] = total / tokens if tokens else float("nan")
+        metrics[f"distill/{name}/rows"] = float(sum(p.rows for p in parts))
+        total_kl += sum(p.reverse_kl for p in parts)
+        total_tokens += tokens
+    metrics["distill/reverse_kl"] = total_kl / total_tokens if total_tokens else float("nan")
+    return metrics
