@@ -2,59 +2,40 @@
 chosen once, and both samplers (one turn, episodes) deliver a share whole or in chunks as the same
 rows (actors/rollout.py, samplers.py, slices.py)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from grpo_ray.actors.episodes import EpisodeSettings
-from grpo_ray.actors.rollout import RolloutWorker, RolloutWorkerSettings
+from grpo_ray.actors.rollout import RolloutWorker
 from grpo_ray.actors.samplers import OneTurn, WithEnvironment
 from grpo_ray.actors.weight_receivers import InProcess
+from grpo_ray.cluster.settings import rollout_settings
+from grpo_ray.config import config_from_dict
 from grpo_ray.models.loading import load_tokenizer
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 from grpo_ray.types import Prompt, RolloutSlice, SamplingSettings
 
-ECHO = """
-from grpo_ray.envs.contract import Environment, StepResult
-
-class Echo(Environment):
-    def reset(self, row):
-        self.turn = 0
-        return [{"role": "user", "content": row["prompt"]}]
-
-    def step(self, text):
-        self.turn += 1
-        return StepResult([{"role": "user", "content": "again"}], reward=0.5, done=self.turn >= 2)
-
-    def reward(self):
-        return 1.0
-"""
+HIGHER_LOWER = Path(__file__).parents[3] / "examples" / "agents" / "higher_lower.py"
 SAMPLING = SamplingSettings(samples_per_prompt=2, max_new_tokens=5, temperature=1.0, seed=3)
 
 
-def worker(environment: EpisodeSettings | None) -> RolloutWorker:
-    model_dir = str(ensure_tiny_artifacts().model_dir)
-    settings = RolloutWorkerSettings(
-        index=0,
-        backend="hf",
-        model_path=model_dir,
-        tokenizer_path=model_dir,
-        dtype="float32",
-        seed=0,
-        torch_threads=1,
-        max_model_len=256,
-        environment=environment,
-    )
-    return RolloutWorker(settings)
+def worker(episodes: bool) -> RolloutWorker:
+    """The worker a recipe with the tiny model (and the example higher-lower game) starts."""
+    recipe = {"rollout": {"torch_threads": 1}, "model": {"dtype": "float32"}}
+    if episodes:
+        recipe["environment"] = {"spec": f"{HIGHER_LOWER}:HigherLower", "max_turns": 3, "reward_per_turn": True}
+    return RolloutWorker(rollout_settings(config_from_dict(recipe), 0))
 
 
 def prompts() -> list[Prompt]:
     tokenizer = load_tokenizer(str(ensure_tiny_artifacts().model_dir))
-    texts = ["1+2=", "3+4=", "5+1="]
+    texts, answers = ["71+28=", "36+47=", "55+19="], ["99", "83", "74"]
     rendered = [
         tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts
     ]
     ids = [tuple(r["input_ids"] if hasattr(r, "keys") else r) for r in rendered]  # transformers 5: a BatchEncoding
-    return [Prompt(uid=i, text=t, token_ids=p, answer="") for i, (t, p) in enumerate(zip(texts, ids))]
+    return [Prompt(uid=i, text=t, token_ids=p, answer=a) for i, (t, p, a) in enumerate(zip(texts, ids, answers))]
 
 
 def in_group_order(batch: RolloutSlice) -> RolloutSlice:
@@ -74,12 +55,8 @@ def assert_same_rows(a: RolloutSlice, b: RolloutSlice) -> None:
 
 
 @pytest.mark.parametrize("episodes", [False, True], ids=["one-turn", "episodes"])
-def test_a_share_whole_or_in_chunks_is_the_same_rows_whichever_sampler(tmp_path, episodes):
-    environment = None
-    if episodes:
-        (tmp_path / "echo.py").write_text(ECHO)
-        environment = EpisodeSettings(f"{tmp_path / 'echo.py'}:Echo", {}, 3, 64, 30, 60, 1, turn_credit=1.0)
-    rollout = worker(environment)
+def test_a_share_whole_or_in_chunks_is_the_same_rows_whichever_sampler(episodes):
+    rollout = worker(episodes)
     try:
         assert isinstance(rollout.sampler, WithEnvironment if episodes else OneTurn)
         assert isinstance(rollout.receiver, InProcess)  # hf: this process takes the sync's seat
@@ -91,18 +68,17 @@ def test_a_share_whole_or_in_chunks_is_the_same_rows_whichever_sampler(tmp_path,
         assert_same_rows(whole, in_group_order(RolloutSlice.concat(chunks, pad_id=0)))
         assert whole.group_ids.tolist() == [10, 10, 11, 11, 12, 12]
         replies = (whole.completion_mask == 0) & (whole.attention_mask == 1)
-        after_prompt = [replies[i, np.flatnonzero(whole.completion_mask[i])[0] :].any() for i in range(6)]
+        after_prompt = [bool(replies[i, np.flatnonzero(whole.completion_mask[i])[0] :].any()) for i in range(6)]
         # An episode's row holds the environment's replies between its turns (mask 0); one turn, none.
-        assert all(after_prompt) if episodes else not any(after_prompt)
+        turns = whole.row_fields.get("episode_turns", [1.0] * 6)
+        assert after_prompt == [t > 1 for t in turns] and (any(after_prompt) or not episodes)
         assert (whole.reward_before is not None) == episodes  # per-turn credit travels with episodes only
-        if episodes:
-            assert whole.row_fields["environment_reward"] == [2.0] * 6  # two steps' 0.5 and reward()'s 1
     finally:
         rollout.close()
 
 
 def test_a_worker_restarted_while_idle_refuses_to_sample_with_its_initial_weights():
-    rollout = worker(None)
+    rollout = worker(False)
     try:
         with pytest.raises(Exception, match="rollout-0"):
             rollout.generate(prompts(), 0, SAMPLING, 1, expected_version=3)
