@@ -30,6 +30,7 @@ def plan_report(cfg: Config, gpu_memory_gb: float, with_config: bool = False) ->
         f"sequences per learner rank     {plan.sequences_per_learner_rank}",
         f"sequences per micro-batch      {plan.micro_batch_size} ({plan.grad_accum_steps} accumulation steps)",
         f"reference model                {reference}",
+        f"distillation                   {_distillation(cfg)}",
         "",
         "# stages",
     ]
@@ -50,6 +51,17 @@ def plan_report(cfg: Config, gpu_memory_gb: float, with_config: bool = False) ->
     lines += ["", "# learning rate (learner.lr_schedule; actor/lr in MLflow)"]
     lines += describe_lr_segments(plan_lr_segments(cfg))
     return lines, warnings
+
+
+def _distillation(cfg: Config) -> str:
+    """ "big (Qwen/Qwen2.5-7B-Instruct: gsm8k), small (tiny: the other rows); coef 1, beside the rewards"."""
+    d = cfg.distillation
+    if not d.teachers:
+        return "no (distillation.teachers is empty)"
+    rest = "every row" if len(d.teachers) == 1 else "the other rows"
+    teachers = ", ".join(f"{t.name} ({t.model_path}: {', '.join(t.sources) or rest})" for t in d.teachers)
+    signal = "beside the rewards' advantage" if d.with_rewards else "the teachers' signal alone"
+    return f"{teachers}; coef {d.coef:g}, {signal}"
 
 
 def checked_line(cfg: Config, train_prompts: int, eval_prompts: int, where: str) -> str:

@@ -15,159 +15,26 @@ With LoRA the base is frozen (weights only, no gradient or optimizer state; 0.5 
 1 in 8bit) and the adapter's L = sum over adapted matrices of r x (in + out) parameters carry
 weights, gradients and Adam state: L x (b + b + 12). The rollout engine holds the weights (split
 over its tensor-parallel GPUs) and vLLM gives the KV cache what gpu_memory_utilization leaves:
-utilization x GPU - weights; a token's KV entry is 2 x layers x kv_heads x head_dim x b.
+utilization x GPU - weights; a token's KV entry is 2 x layers x kv_heads x head_dim x b. The
+reference and each teacher (distillation.teachers) hold their weights alone, P' x b, on their own
+GPU or beside the learner's state on its GPU (a fraction of one each, or colocated).
 Activations are not estimated (they grow with micro_batch_size x sequence length; see
 learner.gradient_checkpointing). GiB = 2^30 bytes throughout.
 
-Parameter counts come from the model folder's config.json, or from `ARCHITECTURES` for hub ids
-that cannot be read offline (Qwen2.5 sizes, the tiny model).
+Parameter counts come from the model folder's config.json, or from config/architectures.py's
+`ARCHITECTURES` for hub ids that cannot be read offline (Qwen2.5 sizes, the tiny model).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from grpo_ray.config.architectures import Architecture, find_architecture
 from grpo_ray.config.schema import Config
 
 GIB = 1 << 30
-# config.json fields of the Qwen2.5 family and the built-in models, for hub ids and built-in names.
-_QWEN = {"model_type": "qwen2", "vocab_size": 151936, "tie_word_embeddings": True}
-_QWEN_HALF_B = {
-    **_QWEN,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-}
-# The built-in tiny models (models/tiny.py's build_tiny_model): one shape, their vocabularies apart.
-_TINY = {
-    "model_type": "qwen2",
-    "hidden_size": 128,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
-    "tie_word_embeddings": True,
-}
-ARCHITECTURES: dict[str, dict] = {
-    "tiny": {**_TINY, "vocab_size": 55},
-    "tiny-tools": {**_TINY, "vocab_size": 59},
-    # The built-in real model (models/smollm2.py), and the hub's HuggingFaceTB/SmolLM2-135M-Instruct.
-    "smollm2-135m": {
-        "model_type": "llama",
-        "vocab_size": 49152,
-        "hidden_size": 576,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 30,
-        "num_attention_heads": 9,
-        "num_key_value_heads": 3,
-        "tie_word_embeddings": True,
-    },
-    "qwen2.5-0.5b": _QWEN_HALF_B,
-    # Qwen2-0.5B has the same shape as Qwen2.5-0.5B.
-    "qwen2-0.5b": _QWEN_HALF_B,
-    "qwen2.5-1.5b": {
-        **_QWEN,
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-    },
-    "qwen2.5-3b": {
-        **_QWEN,
-        "hidden_size": 2048,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-    },
-    "qwen2.5-7b": {
-        **_QWEN,
-        "vocab_size": 152064,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "tie_word_embeddings": False,
-    },
-}
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _QUANTIZED_BYTES = {"4bit": 0.5, "8bit": 1.0}
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """A Qwen2/Llama-style decoder: q/k/v/o attention (bias on q/k/v when qkv_bias) and a SwiGLU MLP."""
-
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    tied: bool
-    qkv_bias: bool
-
-    @staticmethod
-    def from_config(config: dict) -> Architecture:
-        heads = int(config["num_attention_heads"])
-        return Architecture(
-            vocab=int(config["vocab_size"]),
-            hidden=int(config["hidden_size"]),
-            intermediate=int(config["intermediate_size"]),
-            layers=int(config["num_hidden_layers"]),
-            heads=heads,
-            kv_heads=int(config.get("num_key_value_heads") or heads),
-            tied=bool(config.get("tie_word_embeddings")),
-            qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias")),
-        )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def matrix_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of one decoder layer, by module name."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        return {
-            "q_proj": (h, h),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (h, h),
-            "gate_proj": (h, self.intermediate),
-            "up_proj": (h, self.intermediate),
-            "down_proj": (self.intermediate, h),
-        }
-
-    @property
-    def parameters(self) -> int:
-        shapes = self.matrix_shapes()
-        bias = sum(shapes[name][1] for name in ("q_proj", "k_proj", "v_proj")) if self.qkv_bias else 0
-        per_layer = sum(i * o for i, o in shapes.values()) + bias + 2 * self.hidden  # two RMSNorms
-        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return embeddings + self.layers * per_layer + self.hidden  # final norm
-
-    def lora_parameters(self, rank: int, target_modules: tuple[str, ...]) -> int:
-        """r x (in + out) per adapted matrix; a target is a module-name suffix, as peft matches."""
-        shapes = self.matrix_shapes()
-        return self.layers * sum(rank * (i + o) for name, (i, o) in shapes.items() if name in target_modules)
-
-    def kv_bytes_per_token(self, dtype_bytes: float) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
-
-
-def find_architecture(path: str) -> Architecture | None:
-    """From `path`/config.json when it is a local folder, else `ARCHITECTURES` by hub id; None if unknown."""
-    config_file = Path(path).expanduser() / "config.json"
-    if config_file.is_file():
-        return Architecture.from_config(json.loads(config_file.read_text()))
-    name = path.rsplit("/", 1)[-1].lower().removesuffix("-instruct")
-    return Architecture.from_config(ARCHITECTURES[name]) if name in ARCHITECTURES else None
 
 
 @dataclass(frozen=True)
@@ -280,34 +147,66 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
         else "KV cache grows with the batch (no vLLM GPU pre-allocation)"
     )
     lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
-    if cfg.use_reference:
-        ref = find_architecture(cfg.reference.model_path or cfg.model.path)
-        if ref is not None:
-            per_gpu["reference"] = ref.parameters * _DTYPE_BYTES[cfg.model.dtype]
-            lines.append(
-                f"reference    weights {_gib(per_gpu['reference'])} ({cfg.reference.model_path or 'the policy'})"
-            )
+    lines += _scoring_rows(cfg, per_gpu)
     if utilization and _shares_gpu(cfg, "learner", "rollout"):
-        beside = per_gpu.get("reference", 0.0) if _shares_gpu(cfg, "learner", "reference") else 0.0
+        # The reference and teachers on the learner's GPU hold their weights through both phases.
+        beside = [role for role in _scoring_roles(cfg) if role in per_gpu and _shares_gpu(cfg, "learner", role)]
         away = learner.moments_and_gradients if ln.offload_states_between_updates else 0.0
         lines += phase_lines(
-            learner.total + beside,
+            learner.total + sum(per_gpu[role] for role in beside),
             utilization,
             gpu,
             r.vllm.sleep_level,
-            "learner and reference" if beside else "learner",
+            _listed(["learner", *beside]),
             away,
         )
     return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
 
 
+def _scoring_roles(cfg: Config) -> dict[str, tuple[str, str]]:
+    """role -> (model, as its row names it) of each model held only for its log-probs: the reference
+    (algorithm.kl_coef > 0) and each teacher (distillation.teachers)."""
+    roles = {"reference": (cfg.reference.model_path or cfg.model.path, cfg.reference.model_path or "the policy")}
+    roles = roles if cfg.use_reference else {}
+    return roles | {f"teacher-{t.name}": (t.model_path, t.model_path) for t in cfg.distillation.teachers}
+
+
+def _scoring_rows(cfg: Config, per_gpu: dict[str, float]) -> list[str]:
+    """One row per scoring model: its weights at model.dtype (added to `per_gpu`) and where they are
+    when not on a GPU of their own (the CPU, or the learner's GPU); one whose size is not known says so."""
+    lines = []
+    for role, (path, shown) in _scoring_roles(cfg).items():
+        arch = find_architecture(path)
+        if arch is None:
+            lines.append(f"{role:<12} {path}: {SIZE_NOT_KNOWN}")
+            continue
+        per_gpu[role] = arch.parameters * _DTYPE_BYTES[cfg.model.dtype]
+        where = ", on the CPU" if not _role_gpus(cfg)[role] else ""
+        where = ", on the learner's GPU" if _shares_gpu(cfg, "learner", role) else where
+        lines.append(f"{role:<12} weights {_gib(per_gpu[role])} ({shown}{where})")
+    return lines
+
+
+def _listed(names: list[str]) -> str:
+    """ "learner", "learner and reference", "learner, reference and teacher-big"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def _shares_gpu(cfg: Config, role: str, other: str) -> bool:
     """Whether two GPU roles sit on one GPU: colocated, or both on fractions of one (Ray packs them
     onto a node's GPU, as configs/gsm8k.yaml does on a one-GPU machine)."""
-    gpus = {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus}
+    gpus = _role_gpus(cfg)
     if gpus[role] <= 0 or gpus[other] <= 0:
         return False
     return {role, other} <= set(cfg.placement.colocate) or (gpus[role] < 1 and gpus[other] < 1)
+
+
+def _role_gpus(cfg: Config) -> dict[str, float]:
+    """num_gpus of each role the memory plan counts, by role name (a teacher's: teacher-<name>)."""
+    teachers = {f"teacher-{t.name}": t.num_gpus for t in cfg.distillation.teachers}
+    return {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus} | (
+        teachers
+    )
 
 
 # Kept free on a GPU the learner and a vLLM engine take in turns: each process's CUDA context
@@ -357,7 +256,7 @@ def phase_lines(
 
 
 def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: float | None) -> list[str]:
-    gpus = {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus}
+    gpus = _role_gpus(cfg)
     warnings = []
     if kv is not None and kv <= 0:
         warnings.append(
@@ -373,4 +272,12 @@ def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: flo
     for role, need in per_gpu.items():
         if gpus[role] > 0 and role not in colocated and need > gpu:
             warnings.append(f"{role} needs {_gib(need)} per GPU, more than --gpu-memory-gb {gpu / GIB:g}")
+    # A teacher on a fraction of the learner's GPU: its weights beside what the learner's GPU holds.
+    beside = [role for role in _scoring_roles(cfg) if role in per_gpu and _shares_gpu(cfg, "learner", role)]
+    if any(role.startswith("teacher-") for role in beside):
+        shared = list(dict.fromkeys([*(colocated if "learner" in colocated else ["learner"]), *beside]))
+        if (total := sum(per_gpu[role] for role in shared)) > gpu:
+            warnings.append(
+                f"{' + '.join(shared)} share a GPU and need {_gib(total)}, more than --gpu-memory-gb {gpu / GIB:g}"
+            )
     return warnings

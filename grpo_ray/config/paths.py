@@ -10,7 +10,8 @@ since the job's driver reads the recipe inside the uploaded folder and the paths
 
 What counts as a local path, per field (hub ids, built-ins, URIs and built-in models pass unchanged):
     output_dir                                   always
-    model.path / .tokenizer, reference.model_path / .tokenizer, reward.model.path / .tokenizer
+    model.path / .tokenizer, reference.model_path / .tokenizer, reward.model.path / .tokenizer,
+    distillation.teachers[].model_path / .tokenizer
                                                  local unless it looks like a hub id ("org/name",
                                                  one slash, not present locally) or is a built-in
                                                  model ("tiny", "smollm2-135m": builtin_names.py)
@@ -33,6 +34,7 @@ from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, BUILT_IN_MODELS
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
 _MODEL_FIELDS = (("model", "path"), ("model", "tokenizer"), ("reference", "model_path"), ("reference", "tokenizer"))
 _REWARD_MODEL_FIELDS = ("path", "tokenizer")
+_TEACHER_MODEL_FIELDS = ("model_path", "tokenizer")
 
 
 def anchor_paths(raw: dict[str, Any], base: Path) -> dict[str, Any]:
@@ -75,6 +77,14 @@ def map_paths(raw: dict[str, Any], change: Callable[[str, Callable[[Path], bool]
     reward = out.get("reward")
     if isinstance(reward, dict):
         out["reward"] = _map_reward(reward, apply)
+    distillation = out.get("distillation")
+    if isinstance(distillation, dict) and isinstance(distillation.get("teachers"), (list, tuple)):
+        distillation["teachers"] = [
+            {key: apply(value, _local_model) if key in _TEACHER_MODEL_FIELDS else value for key, value in item.items()}
+            if isinstance(item, dict)
+            else item
+            for item in distillation["teachers"]
+        ]
     environment = out.get("environment")
     if isinstance(environment, dict) and isinstance(environment.get("spec"), str):
         out["environment"]["spec"] = apply(environment["spec"], _local_reward)

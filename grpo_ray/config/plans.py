@@ -88,7 +88,8 @@ def plan_resources(cfg: Config) -> list[RoleResources]:
         roles.append(role("reference", 1, cfg.reference, cfg.reference.num_gpus))
     if cfg.reward.model.path is not None:
         roles.append(role("reward_model", 1, cfg.reward.model, cfg.reward.model.num_gpus))
-    return roles
+    # One role per teacher, so that each takes its own num_cpus, num_gpus and node targeting.
+    return roles + [role(f"teacher-{t.name}", 1, t, t.num_gpus) for t in cfg.distillation.teachers]
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,6 @@ def check_plans(cfg: Config) -> None:
     """Cross-field checks that no single field can make; raises ConfigError."""
     plan_batches(cfg)
     _check_stages(cfg)
-    if not cfg.reward.functions and cfg.reward.model.path is None:
-        raise ConfigError("reward.functions: needs at least one reward function (or a reward.model.path)")
     if cfg.algorithm.loss_aggregation == "seq-mean-token-sum-norm" and cfg.rollout.max_new_tokens < 1:
         raise ConfigError("rollout.max_new_tokens: must be >= 1 for seq-mean-token-sum-norm")
     a = cfg.algorithm
@@ -330,18 +329,18 @@ def _check_placement(cfg: Config) -> None:
 
 
 def describe_resources(roles: list[RoleResources]) -> list[str]:
-    lines = []
+    lines, width = [], max([10, *(len(role.role) for role in roles)])  # a teacher's role is teacher-<name>
     for role in roles:
         total_cpus = role.count * role.num_cpus
         gpu = f", {role.count * role.num_gpus:g} GPU" if role.num_gpus else ""
         where = "".join(f", {name} {amount:g}" for name, amount in role.custom.items())
         where += "".join(f", on {key}={value}" for key, value in role.labels.items())
         lines.append(
-            f"{role.role:<10} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all){where}"
+            f"{role.role:<{width}} x{role.count}  {role.num_cpus:g} CPU each ({total_cpus:g} CPU{gpu} in all){where}"
         )
     total_cpu = math.fsum(r.count * r.num_cpus for r in roles)
     total_gpu = math.fsum(r.count * r.num_gpus for r in roles)
-    lines.append(f"{'total':<10}      {total_cpu:g} CPU, {total_gpu:g} GPU")
+    lines.append(f"{'total':<{width}}      {total_cpu:g} CPU, {total_gpu:g} GPU")
     return lines
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from grpo_ray.config.base import ConfigError, _Section  # noqa: F401 - ConfigError is part of the API
+from grpo_ray.config.distillation import DistillationConfig, TeacherConfig  # noqa: F401 - part of the API
 from grpo_ray.config.role_sections import *  # noqa: F403 - every section class is part of the API
 from grpo_ray.config.role_sections import (
     AlgorithmConfig,
@@ -148,8 +149,8 @@ class RayConfig(_Section):
     # Port of a local Ray's Prometheus metrics endpoint (grpo-ray's and Ray's own metrics); null: any
     # free port (printed at start either way).
     metrics_export_port: int | None = Field(None, ge=1024, le=65535)
-    # Times Ray may restart a rollout or reward worker that died (SIGKILL, OOM, a crash); the step it
-    # died in re-issues what it held. One worker dying more often stops the run.
+    # Times Ray may restart a rollout, reward or teacher worker that died (SIGKILL, OOM, a crash); the
+    # step it died in re-issues what it held. One worker dying more often stops the run.
     max_actor_restarts: int = Field(3, ge=0)
     # Seconds to wait for the placement group (all actors' resources) before giving up.
     placement_timeout_s: float = Field(120.0, gt=0)
@@ -217,6 +218,7 @@ class Config(_Section):
     reward: RewardConfig = RewardConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     reference: ReferenceConfig = ReferenceConfig()
+    distillation: DistillationConfig = DistillationConfig()
     learner: LearnerConfig = LearnerConfig()
     train: TrainConfig = TrainConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
@@ -232,3 +234,8 @@ class Config(_Section):
     @property
     def use_reference(self) -> bool:
         return self.algorithm.kl_coef > 0
+
+    @property
+    def use_distillation(self) -> bool:
+        """Whether teachers run and their per-token term enters the advantages (distillation.teachers)."""
+        return bool(self.distillation.teachers)

@@ -60,11 +60,13 @@ FIELD_NAMES = sorted({part for path in SCHEMA_PATHS for part in path if isinstan
 SCHEMA_NAMES = {".".join(str(i) if part == 0 else part for part in path) for path in SCHEMA_PATHS for i in range(20)}
 
 DEFAULT = config_to_dict(Config())
-# Stages replace train.steps, so the staged recipe drops it.
+# Stages replace train.steps, so the staged recipe drops it; it also covers list items.
 STAGED = copy.deepcopy(DEFAULT)
 del STAGED["train"]["steps"]
 STAGED["stages"] = [{"name": "warm", "steps": 2}, {"name": "long", "steps": 3, "max_new_tokens": 64}]
 STAGED["reward"]["functions"].append({"name": "math", "weight": 0.5, "options": {}})
+# It also has a teacher, whose fields (b) replaces too.
+STAGED["distillation"]["teachers"] = [{"name": "teacher", "model_path": "tiny", "sources": ["gsm8k"]}]
 
 
 # ---------------------------------------------------------------- strategies
@@ -202,7 +204,7 @@ def test_arbitrary_yaml_trees_as_files(tree):
 @example(("stages", 0, "name"), "a\n")
 @example(("reward", "functions", 0), DELETE)
 def test_default_recipe_with_one_field_replaced(path, value):
-    raw = copy.deepcopy(STAGED if path[0] == "stages" else DEFAULT)
+    raw = copy.deepcopy(STAGED if path[0] in ("stages", "distillation") else DEFAULT)
     node = raw
     for part in path[:-1]:
         node = node[part]

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from grpo_ray.cli import main
 from grpo_ray.config import load_config
-from grpo_ray.config.memory import Architecture, ARCHITECTURES, GIB, find_architecture, learner_memory, memory_plan
+from grpo_ray.config.architectures import ARCHITECTURES, Architecture, find_architecture
+from grpo_ray.config.memory import GIB, learner_memory, memory_plan
 from grpo_ray.models.tiny import ensure_tiny_artifacts
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
@@ -184,3 +185,33 @@ def test_the_offload_between_updates_lets_vllm_take_the_moments_and_gradients_ro
     )
     without, _ = memory_plan(load_config(CONFIGS / "gsm8k.yaml", overrides[:2]), 80)
     assert any(line.startswith("vLLM may take up to gpu_memory_utilization 0.87") for line in without)
+
+
+def test_a_teacher_is_a_row_of_its_weights_and_counts_on_the_learners_gpu_when_it_shares_it():
+    # configs/gsm8k.yaml (learner 0.4, rollout 0.4, reference 0.2 of one GPU) with a Qwen2.5-1.5B teacher on
+    # 0.2 of it: 1,543,714,304 x 2 B = 2.88 GiB in bf16, beside the learner's 7.36 and the reference's 0.92
+    # (494,032,768 parameters at 16 + 2 B) through both phases: 8.28 + 2.88 = 11.16 GiB.
+    teacher = "distillation.teachers=[{name: big, model_path: Qwen/Qwen2.5-1.5B-Instruct, num_gpus: 0.2}]"
+    cfg = load_config(CONFIGS / "gsm8k.yaml", [teacher])
+    lines, warnings = memory_plan(cfg, 80)
+    assert "teacher-big  weights 2.88 GiB (Qwen/Qwen2.5-1.5B-Instruct, on the learner's GPU)" in lines
+    [phases] = [line for line in lines if line.startswith("one GPU in two phases")]
+    assert "rollout: learner, reference and teacher-big 11.16 GiB + vLLM 24.00 GiB = 35.16 GiB" in phases
+    assert warnings == []
+    # On a 10 GiB GPU the three do not fit together, though each alone would.
+    assert memory_plan(cfg, 10)[1] == [
+        "learner + reference + teacher-big share a GPU and need 11.16 GiB, more than --gpu-memory-gb 10"
+    ]
+
+
+def test_a_teacher_on_a_gpu_of_its_own_is_warned_about_when_it_does_not_fit_and_an_unknown_one_says_so():
+    # Qwen2.5-7B in bf16: 2 x 7,615,616,512 B = 14.19 GiB on its own GPU: it fits 16 GiB, not 12.
+    teachers = (
+        "distillation.teachers=[{name: big, model_path: Qwen/Qwen2.5-7B-Instruct, num_gpus: 1}, "
+        "{name: other, model_path: someone/unknown-9b, sources: [math]}]"
+    )
+    cfg = load_config(CONFIGS / "gsm8k.yaml", [teachers])
+    lines, warnings = memory_plan(cfg, 16)
+    assert "teacher-big  weights 14.19 GiB (Qwen/Qwen2.5-7B-Instruct)" in lines and warnings == []
+    assert any(line.startswith("teacher-other someone/unknown-9b: its size is not known here") for line in lines)
+    assert memory_plan(cfg, 12)[1] == ["teacher-big needs 14.19 GiB per GPU, more than --gpu-memory-gb 12"]

@@ -18,6 +18,8 @@ reward:
 reference: {model_path: tiny}
 algorithm: {kl_coef: 0.01}
 tracking: {tracking_uri: sqlite:///runs/store.db}
+distillation:
+  teachers: [{name: big, model_path: ./teacher, tokenizer: Qwen/Qwen2.5-7B}, {name: t, model_path: tiny, sources: [a]}]
 """
 
 
@@ -44,6 +46,8 @@ def test_a_recipes_paths_are_relative_to_its_folder_from_any_working_directory(t
     assert cfg.reward.model.path == str(here / "rm")
     assert cfg.reference.model_path == "tiny"
     assert cfg.tracking.tracking_uri == f"sqlite:///{here}/runs/store.db"
+    big, small = cfg.distillation.teachers
+    assert (big.model_path, big.tokenizer, small.model_path) == (str(here / "teacher"), "Qwen/Qwen2.5-7B", "tiny")
 
 
 def test_set_values_are_relative_to_the_working_directory(tmp_path, monkeypatch):
