@@ -15,7 +15,7 @@ from grpo_ray.data.loaders import DataError, Row, check_data_path, load_rows
 from grpo_ray.data.selection import in_difficulty_band, split_validation, with_instruction
 from grpo_ray.data.prompts import tokenize_prompts
 from grpo_ray.models.loading import load_tokenizer
-from grpo_ray.models.reference_vocab import check_reference_tokenizer
+from grpo_ray.models.reference_vocab import check_reference_tokenizer, check_teacher_tokenizer
 from grpo_ray.types import Probe, Prompt
 
 # The weight-sync probe: the first training prompts with their answers (make_probe).
@@ -63,8 +63,11 @@ def _read(cfg: Config, files: tuple[str, ...]) -> tuple[list[Row], int]:
 def prepare_inputs(cfg: Config) -> RunInputs:
     _check_paths(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-    # Before any actor starts: a reference with other token ids would make the KL noise.
+    # Before any actor starts: a reference or teacher with other token ids would make the KL noise.
     check_reference_tokenizer(tokenizer, cfg.reference.model_path, cfg.reference.tokenizer)
+    student = cfg.model.tokenizer or cfg.model.path
+    for i, t in enumerate(cfg.distillation.teachers):
+        check_teacher_tokenizer(tokenizer, student, f"distillation.teachers.{i}", t.name, t.model_path, t.tokenizer)
 
     def tokenized(rows: list[Row], field: str) -> tuple[list[Prompt], int]:
         prompt_set = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_tokens, cfg.data.apply_chat_template)

@@ -152,6 +152,11 @@ def model_sources(cfg: Config) -> list[tuple[str, str]]:
         ("reward.model.path", cfg.reward.model.path),
         ("reward.model.tokenizer", cfg.reward.model.tokenizer if cfg.reward.model.path else None),
     ]
+    for i, teacher in enumerate(cfg.distillation.teachers):
+        named += [
+            (f"distillation.teachers.{i}.model_path", teacher.model_path),
+            (f"distillation.teachers.{i}.tokenizer", teacher.tokenizer),
+        ]
     return [(field, value) for field, value in named if value]
 
 
@@ -163,6 +168,8 @@ def check_reward_functions(cfg: Config) -> None:
     functions = [(f.name, dict(f.options)) for f in cfg.reward.functions]
     functions += [(f.name, dict(f.options)) for group in cfg.reward.by_source.values() for f in group]
     unique = list({(spec, repr(sorted(options.items()))): (spec, options) for spec, options in functions}.values())
+    if not unique:  # a teacher's signal alone (distillation.with_rewards: false): no function to load
+        return
     with SandboxedScorer(unique, num_processes=1, start_timeout_s=REWARD_IMPORT_TIMEOUT_S):
         pass
 

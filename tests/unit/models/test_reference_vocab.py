@@ -1,8 +1,9 @@
-"""reference.model_path: a reference other than the policy, refused at start in one line when its
-tokenizer maps tokens to other ids than the policy's.
+"""reference.model_path and distillation.teachers: a reference other than the policy, or a teacher,
+refused at start in one line when its tokenizer maps tokens to other ids than the policy's.
 
 A second tiny-shaped model (another seed, so other weights, the same tokenizer) must pass and
-serve as the reference; the real Qwen2 tokenizer (151K tokens) must be refused.
+serve as the reference; the real Qwen2 tokenizer (151K tokens) must be refused. A teacher may know
+tokens the student does not (it scores only the student's), never the other way round.
 """
 
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.config import ConfigError, config_from_dict
 from grpo_ray.models.loading import ModelLoadError, load_tokenizer
-from grpo_ray.models.reference_vocab import check_reference_tokenizer, vocabulary_difference
+from grpo_ray.models.reference_vocab import check_reference_tokenizer, check_teacher_tokenizer, vocabulary_difference
 from grpo_ray.models.tiny import build_tiny_model, build_tiny_tokenizer, save_tiny_tokenizer
 from grpo_ray.training.inputs import prepare_inputs
 from grpo_ray.types import RolloutSlice
@@ -99,3 +100,48 @@ def test_reference_settings_that_cannot_run_are_refused(sections, field):
     with pytest.raises(ConfigError) as error:
         config_from_dict(sections)
     assert str(error.value).startswith(field) and "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(not QWEN2_TOKENIZER.is_dir(), reason="the shared Qwen2 tokenizer is not on this machine")
+def test_a_teacher_of_another_family_is_refused_at_start_naming_both_models(other_tiny):
+    cfg = config_from_dict(
+        {"distillation": {"teachers": [{"name": "big", "model_path": other_tiny, "tokenizer": str(QWEN2_TOKENIZER)}]}}
+    )
+    with pytest.raises(ModelLoadError) as error:
+        prepare_inputs(cfg)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"distillation.teachers.0.tokenizer (teacher big): the tokenizer of {QWEN2_TOKENIZER} maps the tokens of "
+        "the student tiny to other ids ("
+    )
+    assert message.endswith(
+        "for the teacher); a teacher must share the student's vocabulary (distillation compares both models' "
+        "log-probs of the same token ids): use a teacher of the student's family"
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_with_one_more_token(tmp_path_factory) -> str:
+    """The tiny tokenizer and one added token after its 55 (id 55), saved as a tokenizer folder."""
+    folder = tmp_path_factory.mktemp("tiny-plus")
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_tokens(["<think>"])
+    save_tiny_tokenizer(tokenizer, folder)
+    return str(folder)
+
+
+def test_a_teacher_may_know_more_tokens_than_the_student_but_not_fewer(other_tiny, tiny_with_one_more_token):
+    # It scores only tokens the student sampled, each under the same id.
+    check_teacher_tokenizer(load_tokenizer("tiny"), "tiny", "distillation.teachers.0", "big", other_tiny, None)
+    check_teacher_tokenizer(
+        load_tokenizer("tiny"), "tiny", "distillation.teachers.0", "big", other_tiny, tiny_with_one_more_token
+    )
+    with pytest.raises(ModelLoadError) as error:
+        student = load_tokenizer(tiny_with_one_more_token)
+        check_teacher_tokenizer(student, "plus", "distillation.teachers.1", "small", other_tiny, None)
+    assert str(error.value).startswith(
+        f"distillation.teachers.1.model_path (teacher small): the tokenizer of {other_tiny} maps the tokens of the "
+        "student plus to other ids (1 of 56 tokens differ, e.g. '<think>' is 55 for the student and absent for the "
+        "teacher)"
+    )
