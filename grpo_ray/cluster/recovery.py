@@ -1,14 +1,17 @@
-"""Rollout and reward workers that die mid-step come back; the step goes on.
+"""Rollout, reward and teacher workers that die mid-step come back; the step goes on.
 
-Ray restarts a dead rollout or reward actor in its own placement-group bundle (they are started
-with `max_restarts = ray.max_actor_restarts` and no task retries: a retried `generate` would run
-on a fresh engine holding the initial weights). This module tells which worker died from the
-error, waits until Ray has it back, and brings a rollout worker to the current weights; what to
-re-issue is the rollout service's call (cluster/rollout_service.py), since only it knows who held what.
+Ray restarts a dead rollout, reward or teacher actor in its own placement-group bundle (they are
+started with `max_restarts = ray.max_actor_restarts` and no task retries: a retried `generate`
+would run on a fresh engine holding the initial weights). This module tells which worker died from
+the error, waits until Ray has it back, and brings a rollout worker to the current weights; what to
+re-issue is the caller's (the rollout service, cluster/rollout_service.py, since only it knows who
+held what; Workers.teacher_logprobs for a teacher, which holds nothing between calls). A learner
+rank and the reference are not restarted: their death ends the run.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,10 +33,16 @@ class WorkerRecovery:
         log: Callable[[str], None],
         timeout_s: float = 900.0,
         with_weights: Callable[[int, Callable[[], Any]], Any] | None = None,
+        teachers: dict[str, Any] | None = None,
     ):
-        self._who = {actor._actor_id.hex(): ("rollout", i) for i, actor in enumerate(rollouts)}
-        self._who.update({actor._actor_id.hex(): ("reward", i) for i, actor in enumerate(rewards)})
-        self._actors = {"rollout": rollouts, "reward": rewards}
+        """teachers: each teacher's actor by its name (teacher-<name>: Workers.named_teachers())."""
+        teachers = teachers or {}
+        self._actors = {"rollout": rollouts, "reward": rewards, "teacher": list(teachers.values())}
+        self._who = {
+            actor._actor_id.hex(): (role, i) for role, actors in self._actors.items() for i, actor in enumerate(actors)
+        }
+        self._names = {(role, i): f"{role}-{i}" for role, actors in self._actors.items() for i in range(len(actors))}
+        self._names.update({("teacher", i): name for i, name in enumerate(teachers)})
         self._resync = resync  # re-forms the weight-broadcast group and sends the current weights
         # Calls issued while the rollout workers hold an earlier version (WeightBroadcaster.with_kept_weights).
         self._with_weights = with_weights
@@ -47,8 +56,7 @@ class WorkerRecovery:
         self._engine_deaths: dict[tuple[str, int], str] = {}  # the last root cause a worker's engine died of
         # Process ids now, so the log names the process that died and a worker that was only
         # unreachable for a moment (same process) is not taken for a replacement.
-        workers = [(role, i) for role, actors in self._actors.items() for i in range(len(actors))]
-        self._pids = dict(zip(workers, ray.get([self._actors[role][i].pid.remote() for role, i in workers])))
+        self._pids = dict(zip(self._names, ray.get([_pid_call(self._actors[role][i]) for role, i in self._names])))
 
     def recover(self, err: BaseException) -> tuple[str, int]:
         """(role, index) of the worker whose death `err` reports, once it is back and, for a rollout
@@ -63,7 +71,7 @@ class WorkerRecovery:
         elif who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
             raise err
         role, index = who
-        name, old_pid = f"{role}-{index}", self._pids[who]
+        name, old_pid = self._names[who], self._pids[who]
         self._check_curable(who, died)
         self._check_restarts_left(who, f"{name} (process {old_pid})", f": {died or error_line(err)}")
         started = time.monotonic()
@@ -100,6 +108,7 @@ class WorkerRecovery:
         return {
             "faults/rollout_replaced": float(self.replaced["rollout"]),
             "faults/reward_replaced": float(self.replaced["reward"]),
+            **({"faults/teacher_replaced": float(self.replaced["teacher"])} if self._actors["teacher"] else {}),
             "faults/reissued_prompts": float(self.reissued_prompts),
             "faults/recovery_seconds": self.seconds,
         }
@@ -166,7 +175,7 @@ class WorkerRecovery:
         announced = False
         while True:
             try:
-                pid = ray.get(actor.pid.remote(), timeout=max(1.0, deadline - time.monotonic()))
+                pid = ray.get(_pid_call(actor), timeout=max(1.0, deadline - time.monotonic()))
                 if pid != gone:
                     return pid
                 if time.monotonic() > deadline:
@@ -181,6 +190,16 @@ class WorkerRecovery:
                 time.sleep(0.5)
             except ray.exceptions.RayActorError as err:  # restarts spent or its constructor failed
                 raise ClusterError(f"{name} died and could not be restarted: {error_line(err)}") from None
+
+
+def _own_pid(_self: Any) -> int:
+    return os.getpid()
+
+
+def _pid_call(actor: Any) -> Any:
+    """The call of the actor's process id (a restarted worker answers with a new one), asked of any
+    actor class through Ray's __ray_call__, so that a class need not define it."""
+    return actor.__ray_call__.remote(_own_pid)
 
 
 def _cause_of(err: BaseException | None, kind: type[Exception]) -> Any:

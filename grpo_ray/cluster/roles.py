@@ -1,10 +1,12 @@
-"""Start every role of a run from the config: learners, rollout workers, reward pool, reference.
+"""Start every role of a run from the config: learners, rollout workers, reward pool, reference,
+teachers.
 
 Settings dataclasses are built here from the Config, so actors never see the Config object.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,9 @@ from grpo_ray.actors.learner import LearnerWorker
 from grpo_ray.actors.reference import ReferenceWorker
 from grpo_ray.actors.reward import RewardWorker
 from grpo_ray.actors.rollout import RolloutWorker
-from grpo_ray.cluster.settings import learner_settings, reward_worker_args, rollout_settings
+from grpo_ray.actors.teacher import TeacherWorker
+from grpo_ray.cluster.recovery import WorkerRecovery
+from grpo_ray.cluster.settings import learner_settings, reward_worker_args, rollout_settings, teacher_settings
 from grpo_ray.cluster.placement import (
     Placement,
     error_line,
@@ -39,6 +43,8 @@ class Workers:
     reference: Any | None
     reward_model: Any | None = None
     resources: dict[str, RoleResources] = field(default_factory=dict)
+    teachers: list[Any] = field(default_factory=list)  # one per distillation.teachers entry, in its order
+    teacher_names: list[str] = field(default_factory=list)  # their names (distillation.teachers[].name)
 
     def all(self) -> dict[str, Any]:
         named = {f"learner-{i}": a for i, a in enumerate(self.learners)}
@@ -48,7 +54,12 @@ class Workers:
             named["reference"] = self.reference
         if self.reward_model is not None:
             named["reward_model"] = self.reward_model
+        named.update(self.named_teachers())
         return named
+
+    def named_teachers(self) -> dict[str, Any]:
+        """teacher-<name> -> its actor, in the recipe's order."""
+        return {f"teacher-{name}": actor for name, actor in zip(self.teacher_names, self.teachers)}
 
     def nodes(self) -> dict[str, str]:
         """Where every actor runs: name -> Ray node id (all asked at once)."""
@@ -78,6 +89,56 @@ class Workers:
         refs = [[self.reference.logprobs.remote(ref, temperature) for ref in rank_refs] for rank_refs in payloads]
         ray.wait([r for rank_refs in refs for r in rank_refs], num_returns=sum(map(len, refs)), fetch_local=False)
         return refs
+
+    def teacher_logprobs(
+        self, payloads: list[list], temperature: float, recovery: WorkerRecovery | None = None
+    ) -> tuple[list[list[list]], dict[str, list]]:
+        """Every teacher's log-probs of every rank's slices, as refs the learners fetch: ranks x
+        teachers x slices (each [N, T] float32, NaN on the rows that teacher does not teach), and per
+        teacher name the refs of its TeacherSums, one per slice in payload order. Returns once all are
+        computed, so the teacher phase is timed. A teacher holds nothing between calls: one that died
+        is brought back by `recovery` (Ray restarts it) and its lost calls are issued again, the same
+        slices and temperature, so the same log-probs; without `recovery` the death is the error."""
+        keys = [
+            (t, rank, s)
+            for t in range(len(self.teachers))
+            for rank, refs in enumerate(payloads)
+            for s in range(len(refs))
+        ]
+        calls: dict[tuple[int, int, int], Any] = {}
+        pending = keys
+        while pending:
+            for t, rank, s in pending:
+                teacher = self.teachers[t].logprobs.options(num_returns=2)
+                calls[(t, rank, s)] = teacher.remote(payloads[rank][s], temperature)
+            issued = [ref for key in pending for ref in calls[key]]
+            ray.wait(issued, num_returns=len(issued), fetch_local=False)
+            pending = self._lost_teacher_calls(calls, pending, recovery)
+        logprobs = [
+            [[calls[(t, rank, s)][0] for s in range(len(refs))] for t in range(len(self.teachers))]
+            for rank, refs in enumerate(payloads)
+        ]
+        sums = {name: [calls[key][1] for key in keys if key[0] == t] for t, name in enumerate(self.teacher_names)}
+        return logprobs, sums
+
+    def _lost_teacher_calls(
+        self, calls: dict[tuple[int, int, int], Any], keys: list[tuple[int, int, int]], recovery: WorkerRecovery | None
+    ) -> list[tuple[int, int, int]]:
+        """Those of `keys` whose teacher died, once it is back; raises any other failure (and a death
+        when there is no recovery). A call's sums tell: a few numbers the driver's metrics read anyway."""
+        lost: list[tuple[int, int, int]] = []
+        for key in keys:
+            try:
+                ray.get(calls[key][1])
+            except ray.exceptions.RayError as err:
+                if recovery is None:
+                    raise
+                if not any(t == key[0] for t, _, _ in lost):
+                    recovery.recover(err)  # re-raises what is not a teacher's death; restarts are bounded
+                lost.append(key)
+        for t, count in sorted(Counter(key[0] for key in lost).items()) if recovery is not None else ():
+            recovery.log(f"re-issued teacher-{self.teacher_names[t]}'s {count} log-prob calls")
+        return lost
 
     def reference_sequence_kl(self, payloads: list[list], temperature: float, estimator: str) -> list:
         """Calls of the reference's summed KL (by `estimator`) of each slice's completions, in
@@ -181,6 +242,24 @@ def _start_pool(
     ]
 
 
+def start_teachers(cfg: Config, plan: BatchPlan, placement: Placement, roles: dict[str, RoleResources]) -> list[Any]:
+    """One TeacherWorker per distillation.teachers entry, in its own role (teacher-<name>): stateless,
+    so Ray restarts one that died (ray.max_actor_restarts) and the driver issues its calls again."""
+    return [
+        spawn(
+            TeacherWorker,
+            placement,
+            f"teacher-{t.name}",
+            0,
+            roles[f"teacher-{t.name}"],
+            teacher_settings(cfg, plan, i),
+            name=f"teacher-{t.name}",
+            max_restarts=cfg.ray.max_actor_restarts,
+        )
+        for i, t in enumerate(cfg.distillation.teachers)
+    ]
+
+
 def start_reference(cfg: Config, plan: BatchPlan, placement: Placement, resources: RoleResources) -> Any:
     return spawn(
         ReferenceWorker,
@@ -235,6 +314,8 @@ def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
             reference=start_reference(cfg, plan, placement, roles["reference"]) if cfg.use_reference else None,
             reward_model=start_reward_model(cfg, placement, roles["reward_model"]) if "reward_model" in roles else None,
             resources=roles,
+            teachers=start_teachers(cfg, plan, placement, roles),
+            teacher_names=[t.name for t in cfg.distillation.teachers],
         )
         wait_ready(workers.all())
         setup_learners(workers.learners)

@@ -9,6 +9,7 @@ from grpo_ray.actors.episodes import EpisodeSettings
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation
 from grpo_ray.actors.rollout import LoraShape, RolloutWorkerSettings
+from grpo_ray.actors.teacher import TeacherSettings
 from grpo_ray.config import BatchPlan, Config, EnvironmentConfig, longest_sequence, plan_lr_segments, syncs_lora_adapter
 
 
@@ -87,6 +88,25 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
     )
 
 
+def teacher_settings(cfg: Config, plan: BatchPlan, index: int) -> TeacherSettings:
+    """distillation.teachers[index]'s actor: its model at model.dtype, with the learner's forward
+    (micro-batches, packing, LM-head chunks and kernel), as the reference runs it."""
+    teacher, lr = cfg.distillation.teachers[index], cfg.learner
+    return TeacherSettings(
+        name=teacher.name,
+        model_path=teacher.model_path,
+        dtype=cfg.model.dtype,
+        micro_batch_size=plan.micro_batch_size,
+        source_field=cfg.distillation.source_field,
+        sources=tuple(teacher.sources),
+        torch_threads=lr.torch_threads,
+        chunk_tokens=lr.logprob_chunk_tokens,
+        packing=lr.packing,
+        max_tokens_per_micro_batch=lr.max_tokens_per_micro_batch,
+        logprob_kernel=lr.logprob_kernel,
+    )
+
+
 def reward_worker_args(
     cfg: Config,
 ) -> tuple[list[RewardFunctionSetting], RewardIsolation, dict[str, list[RewardFunctionSetting]], str]:
@@ -97,7 +117,9 @@ def reward_worker_args(
     functions = settings(r.functions)
     if cfg.environment.spec:
         functions.append(RewardFunctionSetting("environment", cfg.environment.reward_weight, {}))
-    isolation = RewardIsolation(r.isolation, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
+    # No function at all (a teacher's signal alone): nothing to isolate, and a sandbox needs a function.
+    mode = r.isolation if functions or r.by_source else "none"
+    isolation = RewardIsolation(mode, r.processes_per_worker, r.timeout_s, r.memory_limit_mb)
     return functions, isolation, {source: settings(fs) for source, fs in r.by_source.items()}, r.source_field
 
 
