@@ -57,7 +57,7 @@ class RayMetric:
     default: float | None = None
 
 
-PHASES = ("rollout", "reward", "reference", "advantages", "update", "sync")
+PHASES = ("rollout", "reward", "reference", "teacher", "advantages", "update", "sync")
 # Keys StepGauges.record adds from its arguments: the step number, and the step's generated rows
 # (unless the step's metrics report them).
 STEP_KEY = "train/step"

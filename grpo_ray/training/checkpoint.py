@@ -68,6 +68,7 @@ ADDED_SINCE_FORMAT_1: tuple[str, ...] = (
     "algorithm.kl_controller",
     # A whole section: listed by its name, or its emptied dict would stay in the legacy hash.
     "environment",
+    "distillation",
     "algorithm.kl_horizon",
     "algorithm.kl_target",
     "learner.initial_scale_power",

@@ -28,3 +28,18 @@ class NothingToLearnError(RunStoppedError):
 
 class NonFiniteUpdateError(RunStoppedError):
     """Too many updates in a row were skipped for a NaN or infinite loss or gradient."""
+
+
+def skip_message(substitution: bool, prompts_per_step: int, count: int) -> str:
+    """Why `count` skipped batches in a row stop the run (polaris.substitution or dynamic sampling)."""
+    if substitution:
+        why = (
+            f"polaris.substitution: {count} batches in a row had at most {prompts_per_step // 3} "
+            "informative groups (mean reward strictly between 0 and 1)"
+        )
+    else:
+        why = f"algorithm.dynamic_sampling: {count} batches in a row had no group with a reward spread"
+    return (
+        why + "; the data is too easy or too hard for this model: filter it (data.difficulty_band) or raise "
+        "train.max_skipped_batches"
+    )

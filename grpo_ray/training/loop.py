@@ -52,8 +52,15 @@ from grpo_ray.config import (
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
 from grpo_ray.training import interrupts
+from grpo_ray.training.distill import rewards_signal, teach
 from grpo_ray.training.checkpoint import read_state, resume_point, run_hashes, set_aside
-from grpo_ray.training.errors import NonFiniteUpdateError, NothingToLearnError, RewardFailureError, RunStoppedError
+from grpo_ray.training.errors import (
+    NonFiniteUpdateError,
+    NothingToLearnError,
+    RewardFailureError,
+    RunStoppedError,
+    skip_message,
+)
 from grpo_ray.training.evaluation import heldout_accuracy
 from grpo_ray.training.metrics import accuracy_change, accuracy_text, step_metrics
 from grpo_ray.training.preflight import preflight
@@ -68,7 +75,7 @@ from grpo_ray.training.opening import (
 from grpo_ray.training.resume import already_finished, checkpoint, restore, resume_hint
 from grpo_ray.training.run import PhaseTimer, Progress, Run, TrainResult
 from grpo_ray.training.sample_table import sample_rows
-from grpo_ray.training.update import group_advantages, kl_reward_penalty, learner_payloads, run_update, turn_slopes
+from grpo_ray.training.update import group_advantages, reference_signal, learner_payloads, run_update, turn_slopes
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
@@ -143,7 +150,9 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
             if metrics is None:  # nothing to learn from in this batch: the step does not count
                 progress.skipped_in_a_row += 1
                 if progress.skipped_in_a_row >= cfg.train.max_skipped_batches:
-                    raise NothingToLearnError(_skip_message(cfg, progress.skipped_in_a_row))
+                    raise NothingToLearnError(
+                        skip_message(cfg.polaris.substitution, cfg.train.prompts_per_step, progress.skipped_in_a_row)
+                    )
                 continue
             reached = _record_step(run, stage, progress, metrics)
             if reached:
@@ -253,20 +262,18 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             workers.sleep_rollouts()
     # Each learner rank's rows, as slice refs; the reference reads the same refs.
     payloads, sizes = learner_payloads(batch, len(workers.learners), run.inputs.pad_id)
-    train, ref_refs, extra = batch.train, None, {}
-    kl_coef = run.kl.coef  # algorithm.kl_controller: this step's coefficient
+    a, extra, kl_coef = cfg.algorithm, {}, run.kl.coef  # algorithm.kl_controller: this step's coefficient
     with timer("reference"):
-        if workers.reference is not None and not cfg.algorithm.kl_in_loss:
-            train, extra["kl/reward_penalty_kl"] = kl_reward_penalty(
-                workers, payloads, train, stage.temperature, cfg.algorithm.kl_estimator, kl_coef
-            )
-        elif workers.reference is not None:
-            ref_refs = workers.reference_logprobs(payloads, stage.temperature)
-    with timer("advantages"):
-        advantages = group_advantages(train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std)
-        slopes = turn_slopes(
-            train, cfg.algorithm.advantage, cfg.algorithm.normalize_by_std, cfg.environment.reward_per_turn
+        train, ref_refs = reference_signal(
+            workers, payloads, batch.train, stage.temperature, a.kl_estimator, kl_coef, a.kl_in_loss, extra
         )
+    distilled = cfg.use_distillation  # the teachers score the learners' slices (training/distill.py)
+    with timer("teacher"):
+        teacher_refs = teach(workers, payloads, stage.temperature, extra) if distilled else None
+    with timer("advantages"):
+        advantages = group_advantages(train, a.advantage, a.normalize_by_std)
+        advantages = rewards_signal(advantages, cfg.distillation.with_rewards or not distilled)
+        slopes = turn_slopes(train, a.advantage, a.normalize_by_std, cfg.environment.reward_per_turn)
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,
         # and generate while this one trains.
@@ -283,8 +290,10 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             stage.temperature,
             float(stage.max_new_tokens),
             while_running=lambda: run.builder.prefetch(lambda ahead: _sampling(cfg, stage, step + ahead), room),
-            kl_coef=kl_coef if cfg.algorithm.kl_in_loss else None,
+            kl_coef=kl_coef if a.kl_in_loss else None,
             slopes=slopes,
+            teacher_refs=teacher_refs,
+            distill_coef=cfg.distillation.coef if distilled else None,
         )
     if cfg.rollout.max_staleness:  # what overlapped the update: batches generating beside it, and how many ended first
         extra["pipeline/ahead_during_update"], extra["pipeline/ahead_generated_by_update_end"] = run.builder.ahead()
@@ -382,17 +391,3 @@ def _log_samples(run: Run, step: int) -> None:
         rewards[int(row)] = float(reward)
     rows = fetch(beside_data(sample_rows, batch.refs[source], run.cfg.tracking.samples_per_table, rewards))
     run.tracker.log_table([{"step": step, **row} for row in rows], f"samples/step_{step:06d}.json")
-
-
-def _skip_message(cfg: Config, count: int) -> str:
-    if cfg.polaris.substitution:
-        why = (
-            f"polaris.substitution: {count} batches in a row had at most {cfg.train.prompts_per_step // 3} "
-            "informative groups (mean reward strictly between 0 and 1)"
-        )
-    else:
-        why = f"algorithm.dynamic_sampling: {count} batches in a row had no group with a reward spread"
-    return (
-        why + "; the data is too easy or too hard for this model: filter it (data.difficulty_band) or raise "
-        "train.max_skipped_batches"
-    )

@@ -45,6 +45,29 @@ def learner_payloads(batch: StepBatch, num_ranks: int, pad_id: int) -> tuple[lis
     return payloads, sizes
 
 
+def reference_signal(
+    workers: Workers,
+    payloads: list[list],
+    train: StepRows,
+    temperature: float,
+    estimator: str,
+    kl_coef: float,
+    kl_in_loss: bool,
+    metrics: dict[str, float],
+) -> tuple[StepRows, list[list] | None]:
+    """The reference's part of a step (algorithm.kl_coef > 0): (the rows, their rewards less the KL
+    penalty when the KL is in the reward; per rank the reference log-prob refs of its slices when it
+    is in the loss, else None). The penalty's mean KL goes into `metrics` (kl/reward_penalty_kl)."""
+    if workers.reference is None:
+        return train, None
+    if kl_in_loss:
+        return train, workers.reference_logprobs(payloads, temperature)
+    train, metrics["kl/reward_penalty_kl"] = kl_reward_penalty(
+        workers, payloads, train, temperature, estimator, kl_coef
+    )
+    return train, None
+
+
 def kl_reward_penalty(
     workers: Workers, payloads: list[list], train: StepRows, temperature: float, estimator: str, kl_coef: float
 ) -> tuple[StepRows, float]:
@@ -94,8 +117,12 @@ def run_update(
     while_running: Callable[[], None] | None = None,
     kl_coef: float | None = None,
     slopes: np.ndarray | None = None,
+    teacher_refs: list[list] | None = None,
+    distill_coef: float | None = None,
 ) -> list[LearnerStats]:
     """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
+    teacher_refs (distillation, training/distill.py): per rank, the teachers' log-prob refs of its
+    slices, teacher by teacher; each token's advantage then moves by distill_coef x its reverse KL.
 
     `while_running` is called once every rank has its call, before waiting for them: the driver's
     own work there (queueing the next batches' rollout) overlaps the update instead of delaying it.
@@ -121,9 +148,16 @@ def run_update(
                 norm_length=norm_length,
                 kl_coef=kl_coef,
                 advantage_slopes=None if slopes is None else [cut(slopes, i) for i in mine],
+                distill_coef=distill_coef,
+                teachers=len(teacher_refs[rank]) // len(payloads[rank]) if teacher_refs else 0,
             )
         )
-    calls = workers.update(shards, payloads, ref_refs)
+    # Beside each rank's slices: their reference log-probs, then the teachers' (actors/learner_batch.split_payload).
+    extra = [
+        (ref_refs[rank] if ref_refs else []) + (teacher_refs[rank] if teacher_refs else [])
+        for rank in range(len(shards))
+    ]
+    calls = workers.update(shards, payloads, extra)
     if while_running is not None:
         while_running()
     try:

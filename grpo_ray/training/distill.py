@@ -1,0 +1,32 @@
+"""Distillation's part of a step (distillation.teachers): the teachers score what the learners
+will train on, and the update takes their log-probs beside the slices (algo/distill.py).
+
+    teacher_refs = teach(workers, payloads, temperature, metrics)   # per rank, teacher by teacher
+    advantages = rewards_signal(advantages, with_rewards)            # 0: the teacher's signal alone
+
+The teachers read the slices the rollout wrote, with the log-probs of the weights that sampled
+them (a pipelined batch's older weights included): the reverse KL is the behaviour policy's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from grpo_ray.algo.distill import distill_metrics
+from grpo_ray.cluster.dispatch import fetch
+from grpo_ray.cluster.roles import Workers
+
+
+def teach(workers: Workers, payloads: list[list], temperature: float, metrics: dict[str, float]) -> list[list]:
+    """Every teacher's log-probs of each rank's slices, as refs in the order the learners' payload
+    wants them (per rank: the first teacher's arrays, then the next's); the step's distill/* metrics
+    into `metrics`."""
+    per_rank, sums = workers.teacher_logprobs(payloads, temperature)
+    metrics.update(distill_metrics({name: fetch(refs) for name, refs in sums.items()}))
+    return [[ref for teacher in rank for ref in teacher] for rank in per_rank]
+
+
+def rewards_signal(advantages: np.ndarray, with_rewards: bool) -> np.ndarray:
+    """The rows' GRPO advantages, or zeros where the teacher's signal stands alone
+    (distillation.with_rewards: false)."""
+    return advantages if with_rewards else np.zeros_like(advantages)
