@@ -26,7 +26,8 @@ class TeacherSettings:
     dtype: str
     micro_batch_size: int
     source_field: str  # the row field that names a row's data source
-    sources: tuple[str, ...] = ()  # the sources it teaches; (): every row
+    sources: tuple[str, ...] = ()  # the sources it teaches; (): every row but `others`'
+    others: tuple[str, ...] = ()  # the sources the recipe's other teachers take
     torch_threads: int = 1
     chunk_tokens: int = 0
     packing: bool = False
@@ -54,7 +55,8 @@ class TeacherWorker:
     def logprobs(self, batch: RolloutSlice, temperature: float) -> tuple[np.ndarray, TeacherSums]:
         """([N, T] float32 the teacher's log-prob of each sampled token, 0 outside the model's
         tokens and NaN on rows it does not teach; the sums of its metrics over this slice)."""
-        rows = taught_rows(batch.row_fields.get(self.settings.source_field), batch.num_rows, self.settings.sources)
+        values = batch.row_fields.get(self.settings.source_field)
+        rows = taught_rows(values, batch.num_rows, self.settings.sources, self.settings.others)
         out = np.full(batch.input_ids.shape, np.nan, dtype=np.float32)
         if rows.any():
             out[rows] = self.forward.logprobs(batch.select(np.flatnonzero(rows)), temperature)

@@ -37,13 +37,17 @@ class TeacherSums:
     rows: int
 
 
-def taught_rows(values: Sequence[object] | None, num_rows: int, sources: Sequence[str]) -> np.ndarray:
-    """[N] bool: the rows a teacher scores. `sources` empty: every row; else the rows whose
-    source field (`values`, one per row, None where the data has no such field) is one of them."""
-    if not sources:
-        return np.ones(num_rows, dtype=bool)
-    wanted = set(sources)
-    return np.array([values is not None and values[i] in wanted for i in range(num_rows)], dtype=bool)
+def taught_rows(
+    values: Sequence[object] | None, num_rows: int, sources: Sequence[str], others: Sequence[str] = ()
+) -> np.ndarray:
+    """[N] bool: the rows a teacher scores, by their source field (`values`, one per row; None: the
+    data has no such field). `sources` given: the rows of those sources. Empty: every row, but for
+    those of the sources other teachers take (`others`)."""
+    if sources:
+        wanted = set(sources)
+        return np.array([values is not None and values[i] in wanted for i in range(num_rows)], dtype=bool)
+    taken = set(others)
+    return np.array([values is None or values[i] not in taken for i in range(num_rows)], dtype=bool)
 
 
 def merge_teachers(logprobs: Sequence[np.ndarray]) -> np.ndarray:

@@ -99,6 +99,7 @@ def teacher_settings(cfg: Config, plan: BatchPlan, index: int) -> TeacherSetting
         micro_batch_size=plan.micro_batch_size,
         source_field=cfg.distillation.source_field,
         sources=tuple(teacher.sources),
+        others=tuple(s for other in cfg.distillation.teachers if other is not teacher for s in other.sources),
         torch_threads=lr.torch_threads,
         chunk_tokens=lr.logprob_chunk_tokens,
         packing=lr.packing,

@@ -14,14 +14,17 @@ import numpy as np
 
 from grpo_ray.algo.distill import distill_metrics
 from grpo_ray.cluster.dispatch import fetch
+from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
 
 
-def teach(workers: Workers, payloads: list[list], temperature: float, metrics: dict[str, float]) -> list[list]:
+def teach(
+    workers: Workers, payloads: list[list], temperature: float, recovery: WorkerRecovery, metrics: dict[str, float]
+) -> list[list]:
     """Every teacher's log-probs of each rank's slices, as refs in the order the learners' payload
     wants them (per rank: the first teacher's arrays, then the next's); the step's distill/* metrics
-    into `metrics`."""
-    per_rank, sums = workers.teacher_logprobs(payloads, temperature)
+    into `metrics`. A teacher that died is replaced (`recovery`) and its calls issued again."""
+    per_rank, sums = workers.teacher_logprobs(payloads, temperature, recovery)
     metrics.update(distill_metrics({name: fetch(refs) for name, refs in sums.items()}))
     return [[ref for teacher in rank for ref in teacher] for rank in per_rank]
 

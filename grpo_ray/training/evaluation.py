@@ -8,7 +8,7 @@ from grpo_ray.cluster.dispatch import CallFailed, evaluation_refs, score_slices
 from grpo_ray.config import Config, StagePlan
 from grpo_ray.rewards.accuracy import mean_accuracy
 from grpo_ray.rewards.by_source import eval_source_accuracies
-from grpo_ray.training.metrics import finite_mean
+from grpo_ray.training.metrics import NO_HELDOUT_PROMPTS, finite_mean
 from grpo_ray.training.run import Run, in_phase
 from grpo_ray.types import SamplingSettings, ScoredSlice
 
@@ -17,7 +17,7 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
     """Held-out accuracy (avg@k): the first reward function's mean score over all samples, a sample it
     could not score counting as wrong (rewards/accuracy.py, as `grpo-ray eval` counts it)."""
     cfg, prompts = run.cfg, run.inputs.eval_prompts
-    if not prompts:
+    if not prompts or not scores_accuracy(cfg):
         return float("nan")
     sampling = eval_sampling(cfg, stage, step)
     samples = f"{cfg.train.eval_samples} sample{'s' if cfg.train.eval_samples > 1 else ''} each"
@@ -34,6 +34,19 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
             f"failed, or a reward that could not score) and count as wrong{_first_error(scored)}"
         )
     return metrics["eval/accuracy"]
+
+
+def scores_accuracy(cfg: Config) -> bool:
+    """Whether anything scores a held-out sample: a reward function or the reward model (a
+    teacher's signal alone may train with neither: distillation.with_rewards false)."""
+    return bool(cfg.reward.functions or cfg.reward.by_source or cfg.reward.model.path or cfg.environment.spec)
+
+
+def unmeasured_reason(cfg: Config) -> str:
+    """Why a run's held-out accuracy reads NaN (training/metrics.accuracy_text)."""
+    if scores_accuracy(cfg):
+        return NO_HELDOUT_PROMPTS
+    return "no reward function scores the held-out samples: reward.functions is empty"
 
 
 def _failed_samples(scored: list[ScoredSlice], scores: np.ndarray) -> int:
@@ -67,6 +80,8 @@ def heldout_metrics(cfg: Config, scored: list[ScoredSlice]) -> dict[str, float]:
     first = cfg.reward.functions[0].name if cfg.reward.functions else "reward_model"
     # With reward.by_source each row's accuracy is its own source's first function (rewards/by_source.py).
     first = "accuracy" if "accuracy" in scored[0].per_function else first
+    if first not in scored[0].per_function:  # nothing scores an accuracy (scores_accuracy)
+        return {"eval/accuracy": float("nan"), "eval/samples": float(sum(len(s.rewards) for s in scored))}
     scores = np.concatenate([s.per_function[first] for s in scored])
     return {
         "eval/accuracy": mean_accuracy(scores),

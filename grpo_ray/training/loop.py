@@ -61,7 +61,7 @@ from grpo_ray.training.errors import (
     RunStoppedError,
     skip_message,
 )
-from grpo_ray.training.evaluation import heldout_accuracy
+from grpo_ray.training.evaluation import heldout_accuracy, unmeasured_reason
 from grpo_ray.training.metrics import accuracy_change, accuracy_text, step_metrics
 from grpo_ray.training.preflight import preflight
 from grpo_ray.training.opening import (
@@ -134,7 +134,7 @@ def _start(run: Run) -> Progress:
         run.sync.sync(0, None, run.cfg.weight_sync.probe_tolerance)
     stages = plan_stages(run.cfg)
     accuracy = heldout_accuracy(run, stages[0], step=0)
-    run.console.info(f"step 0: held-out accuracy {accuracy_text(accuracy)}")
+    run.console.info(f"step 0: held-out accuracy {accuracy_text(accuracy, unmeasured_reason(run.cfg))}")
     return Progress(accuracy={0: accuracy})
 
 
@@ -177,7 +177,7 @@ def _loop(run: Run, progress: Progress) -> TrainResult:
     model_dir = run.workers.save_model(run.output_dir / "model")
     run.tracker.set_tags({"grpo_ray.model_dir": model_dir or ""})
     checkpoint(run, progress, finished=True)
-    change = accuracy_change(progress.accuracy[0], progress.accuracy[step])
+    change = accuracy_change(progress.accuracy[0], progress.accuracy[step], unmeasured_reason(run.cfg))
     run.console.info(f"done: held-out accuracy {change}; model in {model_dir}")
     return TrainResult(
         run.tracker.run_id, run.tracker.tracking_uri, step, progress.accuracy, model_dir, progress.metrics
@@ -269,7 +269,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         )
     distilled = cfg.use_distillation  # the teachers score the learners' slices (training/distill.py)
     with timer("teacher"):
-        teacher_refs = teach(workers, payloads, stage.temperature, extra) if distilled else None
+        teacher_refs = teach(workers, payloads, stage.temperature, run.recovery, extra) if distilled else None
     with timer("advantages"):
         advantages = group_advantages(train, a.advantage, a.normalize_by_std)
         advantages = rewards_signal(advantages, cfg.distillation.with_rewards or not distilled)

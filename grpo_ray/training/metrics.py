@@ -92,15 +92,19 @@ def step_metrics(
     return metrics
 
 
-def accuracy_text(accuracy: float) -> str:
-    """A held-out accuracy as the console says it; NaN is a run without held-out prompts."""
+# Why a run's held-out accuracy is NaN (training/evaluation.unmeasured_reason).
+NO_HELDOUT_PROMPTS = "no held-out prompts: data.eval_files is empty and data.val_fraction 0"
+
+
+def accuracy_text(accuracy: float, unmeasured: str = NO_HELDOUT_PROMPTS) -> str:
+    """A held-out accuracy as the console says it; NaN: not measured, for the reason given."""
     if math.isnan(accuracy):
-        return "not measured (no held-out prompts: data.eval_files is empty and data.val_fraction 0)"
+        return f"not measured ({unmeasured})"
     return f"{accuracy:.3f}"
 
 
-def accuracy_change(first: float, last: float) -> str:
+def accuracy_change(first: float, last: float, unmeasured: str = NO_HELDOUT_PROMPTS) -> str:
     """ "0.080 -> 0.695", the done line's; said once when nothing was measured."""
     if math.isnan(first) and math.isnan(last):
-        return accuracy_text(first)
-    return f"{accuracy_text(first)} -> {accuracy_text(last)}"
+        return accuracy_text(first, unmeasured)
+    return f"{accuracy_text(first, unmeasured)} -> {accuracy_text(last, unmeasured)}"

@@ -99,6 +99,7 @@ class Run:
             log=self.console.info,
             resync=lambda: self.sync.resend(probe, self.cfg.weight_sync.probe_tolerance),
             with_weights=self.sync.with_kept_weights,
+            teachers=self.workers.named_teachers(),
         )
         self.builder = BatchBuilder(
             self.cfg,

@@ -43,6 +43,8 @@ def test_rows_are_taught_by_their_source_or_all_without_sources():
     assert taught_rows(values, 3, ()).tolist() == [True, True, True]
     assert taught_rows(values, 3, ("math",)).tolist() == [False, True, False]
     assert taught_rows(None, 2, ("math",)).tolist() == [False, False]  # the data has no such field
+    # The teacher without sources beside one that takes math: every row but math's.
+    assert taught_rows(values, 3, (), others=("math",)).tolist() == [True, False, True]
 
 
 def test_teachers_merge_row_by_row():

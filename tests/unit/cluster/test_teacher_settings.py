@@ -51,6 +51,9 @@ def test_each_teacher_takes_a_bundle_and_a_gpu_teacher_is_named_where_gpus_are_m
     assert shortfalls(roles, bundles, [NodeView({"CPU": 8, "GPU": 0})]) == [
         "teacher-big needs 1 GPUs, the cluster has 0"
     ]
+    # The teacher without sources teaches every row but those big takes.
+    small = teacher_settings(cfg, plan_batches(cfg), 1)
+    assert (small.sources, small.others) == ((), ("gsm8k",))
 
 
 def test_a_recipe_without_reward_functions_has_a_reward_pool_that_scores_nothing_without_a_sandbox():

@@ -147,3 +147,37 @@ def test_a_run_without_held_out_prompts_says_so_rather_than_nan():
     assert accuracy_text(0.6954) == "0.695" and accuracy_change(0.08, 0.695) == "0.080 -> 0.695"
     nothing = "not measured (no held-out prompts: data.eval_files is empty and data.val_fraction 0)"
     assert accuracy_text(float("nan")) == nothing and accuracy_change(float("nan"), float("nan")) == nothing
+
+
+def test_an_accuracy_nothing_scores_says_why():
+    from grpo_ray.config import config_from_dict
+    from grpo_ray.training.evaluation import heldout_metrics, unmeasured_reason
+    from grpo_ray.training.metrics import accuracy_text
+    from grpo_ray.types import ScoredSlice
+
+    teacher_only = config_from_dict(
+        {
+            "reward": {"functions": []},
+            "distillation": {"teachers": [{"name": "t", "model_path": "tiny"}], "with_rewards": False},
+        }
+    )
+    why = unmeasured_reason(teacher_only)
+    assert accuracy_text(float("nan"), why) == (
+        "not measured (no reward function scores the held-out samples: reward.functions is empty)"
+    )
+    assert "data.eval_files" in unmeasured_reason(config_from_dict({}))
+    zeros = np.zeros(2)
+    unscored = ScoredSlice(
+        group_ids=np.arange(2),
+        prompt_uids=np.arange(2),
+        rewards=zeros,
+        per_function={},
+        failures={},
+        first_errors={},
+        completion_lengths=np.ones(2, dtype=np.int64),
+        truncated=np.zeros(2, dtype=bool),
+        group_diversity=zeros,
+    )
+    # `grpo-ray eval --config` of such a recipe: its samples counted, no accuracy.
+    metrics = heldout_metrics(teacher_only, [unscored])
+    assert np.isnan(metrics["eval/accuracy"]) and metrics["eval/samples"] == 2.0
