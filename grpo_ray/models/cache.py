@@ -1,5 +1,5 @@
-"""The cache of built-in models and data (tiny, tiny-tools, smollm2-135m): each built once into a
-folder of its own under $GRPO_RAY_CACHE (else ~/.cache/grpo-ray), then found at once."""
+"""The cache of built-in models and data (tiny, tiny-tools, tiny-teacher, smollm2-135m): each built
+once into a folder of its own under $GRPO_RAY_CACHE (else ~/.cache/grpo-ray), then found at once."""
 
 from __future__ import annotations
 

@@ -15,12 +15,12 @@ import torch
 from grpo_ray.errors import ModelLoadError, first_line  # noqa: F401 (ModelLoadError: imported from here)
 from grpo_ray.types import WeightSpec
 
-from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
+from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TEACHER, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
 
 
 def resolve_model_path(path: str) -> str:
-    """ "tiny", "tiny-tools", "smollm2-135m" -> the cached offline model folder (built once); anything
-    else unchanged."""
+    """ "tiny", "tiny-tools", "tiny-teacher", "smollm2-135m" -> the cached offline model folder (built
+    once); anything else unchanged."""
     if path == TINY:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
 
@@ -29,6 +29,10 @@ def resolve_model_path(path: str) -> str:
         from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts
 
         return str(ensure_tiny_tools_artifacts().model_dir)
+    if path == TINY_TEACHER:
+        from grpo_ray.models.tiny_teacher import ensure_tiny_teacher
+
+        return str(ensure_tiny_teacher())
     if path == SMOLLM2:
         from grpo_ray.models.smollm2 import ensure_smollm2
 
