@@ -30,6 +30,7 @@ _TINY = {
 ARCHITECTURES: dict[str, dict] = {
     "tiny": {**_TINY, "vocab_size": 55},
     "tiny-tools": {**_TINY, "vocab_size": 59},
+    "tiny-teacher": {**_TINY, "vocab_size": 55},  # the tiny model after GRPO (models/tiny_teacher.py)
     # The built-in real model (models/smollm2.py), and the hub's HuggingFaceTB/SmolLM2-135M-Instruct.
     "smollm2-135m": {
         "model_type": "llama",

