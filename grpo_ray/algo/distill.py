@@ -34,7 +34,11 @@ class TeacherSums:
     teacher_logprob: float
     student_logprob: float  # the behaviour (sampling) log-probs
     tokens: int
-    rows: int
+    rows: int  # taught rows with model tokens, scored
+    # Rows its server could not score after its retries (a url teacher's): left untaught (NaN), so
+    # they keep their GRPO advantage; with the first one's error line ("" when none failed).
+    failed_rows: int = 0
+    first_error: str = ""
 
 
 def taught_rows(
@@ -88,8 +92,8 @@ def teacher_sums(behaviour: np.ndarray, teacher: np.ndarray, mask: np.ndarray) -
 
 
 def distill_metrics(sums_by_teacher: dict[str, list[TeacherSums]]) -> dict[str, float]:
-    """distill/<teacher>/{reverse_kl, teacher_logprob, student_logprob} per token and /rows, and
-    distill/reverse_kl over every teacher's tokens."""
+    """distill/<teacher>/{reverse_kl, teacher_logprob, student_logprob} per token, /rows and
+    /failed_rows, and distill/reverse_kl over every teacher's tokens."""
     metrics: dict[str, float] = {}
     total_kl = total_tokens = 0.0
     for name, parts in sums_by_teacher.items():
@@ -98,7 +102,33 @@ def distill_metrics(sums_by_teacher: dict[str, list[TeacherSums]]) -> dict[str, 
             total = sum(getattr(p, key) for p in parts)
             metrics[f"distill/{name}/{key}"] = total / tokens if tokens else float("nan")
         metrics[f"distill/{name}/rows"] = float(sum(p.rows for p in parts))
+        metrics[f"distill/{name}/failed_rows"] = float(sum(p.failed_rows for p in parts))
         total_kl += sum(p.reverse_kl for p in parts)
         total_tokens += tokens
     metrics["distill/reverse_kl"] = total_kl / total_tokens if total_tokens else float("nan")
     return metrics
+
+
+def teacher_failure(sums_by_teacher: dict[str, list[TeacherSums]], limits: dict[str, tuple[str, float]]) -> str | None:
+    """One line naming the first teacher (in `limits`' order: name -> (its url, its max_failure_rate))
+    that failed on more than its rate of the rows it was asked in a step (`sums_by_teacher`: the
+    step's sums), with its first error; None when none did.
+
+    >>> ok, bad = TeacherSums(0, 0, 0, 10, 3), TeacherSums(0, 0, 0, 0, 0, failed_rows=2, first_error="HTTP 503")
+    >>> teacher_failure({"big": [ok, bad]}, {"big": ("http://h:8000/v1", 0.5)}) is None  # 2 of 5 rows
+    True
+    >>> print(teacher_failure({"big": [bad]}, {"big": ("http://h:8000/v1", 0.5)}).split(", more")[0])
+    teacher big (http://h:8000/v1) failed on 2 of 2 rows this step
+    """
+    for name, (url, max_rate) in limits.items():
+        parts = sums_by_teacher.get(name, [])
+        failed = sum(p.failed_rows for p in parts)
+        asked = failed + sum(p.rows for p in parts)
+        if failed and failed > max_rate * asked:
+            first = next(p.first_error for p in parts if p.failed_rows)
+            return (
+                f"teacher {name} ({url}) failed on {failed} of {asked} rows this step, more than its "
+                f"max_failure_rate {max_rate:g} (first error: {first}); fix the server or raise "
+                "distillation.teachers[].max_failure_rate"
+            )
+    return None

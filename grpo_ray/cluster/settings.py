@@ -5,7 +5,9 @@ Pure (no Ray): cluster/roles.py starts the actors with these.
 
 from __future__ import annotations
 
+from grpo_ray.actors.engines import EngineSpec
 from grpo_ray.actors.episodes import EpisodeSettings
+from grpo_ray.actors.http_teacher import ServerSettings
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.reward import RewardFunctionSetting, RewardIsolation
 from grpo_ray.actors.rollout import LoraShape, RolloutWorkerSettings
@@ -90,8 +92,35 @@ def rollout_settings(cfg: Config, index: int) -> RolloutWorkerSettings:
 
 def teacher_settings(cfg: Config, plan: BatchPlan, index: int) -> TeacherSettings:
     """distillation.teachers[index]'s actor: its model at model.dtype, with the learner's forward
-    (micro-batches, packing, LM-head chunks and kernel), as the reference runs it."""
+    (micro-batches, packing, LM-head chunks and kernel), as the reference runs it; or its vLLM
+    engine (backend vllm), or its server (url). An engine's or a server's context holds the
+    recipe's longest sequence and the one token a prompt-log-prob request generates."""
     teacher, lr = cfg.distillation.teachers[index], cfg.learner
+    context = longest_sequence(cfg) + 1
+    engine = server = None
+    if teacher.backend == "vllm":
+        engine = EngineSpec(
+            "vllm",
+            teacher.model_path,
+            cfg.model.dtype,
+            seed=cfg.seed,
+            max_model_len=context,
+            enforce_eager=teacher.enforce_eager,
+            gpu_memory_utilization=teacher.gpu_memory_utilization,
+            cpu_kv_cache_gb=teacher.cpu_kv_cache_gb,
+            log_file=f"{cfg.output_dir}/logs/vllm-teacher-{teacher.name}.log",
+        )
+    if teacher.url is not None:
+        server = ServerSettings(
+            field=f"distillation.teachers.{index}",
+            name=teacher.name,
+            url=teacher.url,
+            model=teacher.model,
+            timeout_s=teacher.timeout_s,
+            max_retries=teacher.max_retries,
+            max_concurrent_requests=teacher.max_concurrent_requests,
+            context_tokens=context,
+        )
     return TeacherSettings(
         name=teacher.name,
         model_path=teacher.model_path,
@@ -105,6 +134,8 @@ def teacher_settings(cfg: Config, plan: BatchPlan, index: int) -> TeacherSetting
         packing=lr.packing,
         max_tokens_per_micro_batch=lr.max_tokens_per_micro_batch,
         logprob_kernel=lr.logprob_kernel,
+        engine=engine,
+        server=server,
     )
 
 

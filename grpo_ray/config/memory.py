@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from grpo_ray.config.architectures import Architecture, find_architecture
+from grpo_ray.config.distillation import TeacherConfig
 from grpo_ray.config.schema import Config
 
 GIB = 1 << 30
@@ -147,7 +148,7 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
         else "KV cache grows with the batch (no vLLM GPU pre-allocation)"
     )
     lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
-    lines += _scoring_rows(cfg, per_gpu)
+    lines += _scoring_rows(cfg, per_gpu, gpu)
     if utilization and _shares_gpu(cfg, "learner", "rollout"):
         # The reference and teachers on the learner's GPU hold their weights through both phases.
         beside = [role for role in _scoring_roles(cfg) if role in per_gpu and _shares_gpu(cfg, "learner", role)]
@@ -164,27 +165,51 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
 
 
 def _scoring_roles(cfg: Config) -> dict[str, tuple[str, str]]:
-    """role -> (model, as its row names it) of each model held only for its log-probs: the reference
-    (algorithm.kl_coef > 0) and each teacher (distillation.teachers)."""
+    """role -> (model, as its row names it) of each model held here only for its log-probs: the
+    reference (algorithm.kl_coef > 0) and each teacher run here (a url teacher's model is its server's)."""
     roles = {"reference": (cfg.reference.model_path or cfg.model.path, cfg.reference.model_path or "the policy")}
     roles = roles if cfg.use_reference else {}
-    return roles | {f"teacher-{t.name}": (t.model_path, t.model_path) for t in cfg.distillation.teachers}
+    return roles | {
+        f"teacher-{t.name}": (t.model_path, t.model_path) for t in cfg.distillation.teachers if not t.served
+    }
 
 
-def _scoring_rows(cfg: Config, per_gpu: dict[str, float]) -> list[str]:
-    """One row per scoring model: its weights at model.dtype (added to `per_gpu`) and where they are
-    when not on a GPU of their own (the CPU, or the learner's GPU); one whose size is not known says so."""
+def _scoring_rows(cfg: Config, per_gpu: dict[str, float], gpu: float) -> list[str]:
+    """One row per scoring model: its weights at model.dtype, or the share of the GPU its vLLM
+    engine takes (added to `per_gpu`), and where they are when not on a GPU of their own (the CPU,
+    or the learner's GPU); one whose size is not known says so; a url teacher takes no memory here."""
     lines = []
+    engines = {f"teacher-{t.name}": t for t in cfg.distillation.teachers if t.backend == "vllm"}
     for role, (path, shown) in _scoring_roles(cfg).items():
         arch = find_architecture(path)
         if arch is None:
             lines.append(f"{role:<12} {path}: {SIZE_NOT_KNOWN}")
             continue
-        per_gpu[role] = arch.parameters * _DTYPE_BYTES[cfg.model.dtype]
-        where = ", on the CPU" if not _role_gpus(cfg)[role] else ""
+        weights = arch.parameters * _DTYPE_BYTES[cfg.model.dtype]
+        on_gpu = bool(_role_gpus(cfg)[role])
+        where = "" if on_gpu else ", on the CPU"
         where = ", on the learner's GPU" if _shares_gpu(cfg, "learner", role) else where
-        lines.append(f"{role:<12} weights {_gib(per_gpu[role])} ({shown}{where})")
+        per_gpu[role], engine = _teacher_engine(engines.get(role), weights, gpu if on_gpu else 0.0)
+        lines.append(f"{role:<12} weights {_gib(weights)} ({shown}{where}){engine}")
+    lines += [
+        f"{'teacher-' + t.name:<12} served at {t.shown}: no memory here" for t in cfg.distillation.teachers if t.served
+    ]
     return lines
+
+
+def _teacher_engine(engine: TeacherConfig | None, weights: float, gpu: float) -> tuple[float, str]:
+    """(bytes on its GPU, what its row adds) of a scoring model: its weights alone, or the vLLM
+    engine of `engine` (a teacher of backend vllm), which takes gpu_memory_utilization of the GPU
+    (`gpu` bytes; 0: on the CPU, where its KV cache takes cpu_kv_cache_gb of host memory)."""
+    if engine is None:
+        return weights, ""
+    if not gpu:
+        return weights, f"; vLLM's KV cache {engine.cpu_kv_cache_gb:g} GiB in host memory"
+    taken = engine.gpu_memory_utilization * gpu
+    return max(weights, taken), (
+        f"; vLLM takes {_gib(taken)} (gpu_memory_utilization {engine.gpu_memory_utilization:g}), "
+        f"KV cache {_gib(taken - weights)}"
+    )
 
 
 def _listed(names: list[str]) -> str:
@@ -203,7 +228,7 @@ def _shares_gpu(cfg: Config, role: str, other: str) -> bool:
 
 def _role_gpus(cfg: Config) -> dict[str, float]:
     """num_gpus of each role the memory plan counts, by role name (a teacher's: teacher-<name>)."""
-    teachers = {f"teacher-{t.name}": t.num_gpus for t in cfg.distillation.teachers}
+    teachers = {f"teacher-{t.name}": t.num_gpus for t in cfg.distillation.teachers if not t.served}
     return {"learner": cfg.learner.num_gpus, "rollout": cfg.rollout.num_gpus, "reference": cfg.reference.num_gpus} | (
         teachers
     )
@@ -263,6 +288,13 @@ def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: flo
             f"rollout: the weights do not fit in rollout.vllm.gpu_memory_utilization "
             f"{cfg.rollout.vllm.gpu_memory_utilization:g} of the GPU; raise it or use more tensor_parallel_size"
         )
+    for i, t in enumerate(cfg.distillation.teachers):
+        arch = find_architecture(t.model_path) if t.backend == "vllm" and t.num_gpus else None
+        if arch and arch.parameters * _DTYPE_BYTES[cfg.model.dtype] >= t.gpu_memory_utilization * gpu:
+            warnings.append(
+                f"teacher-{t.name}: the weights leave no KV cache in distillation.teachers.{i}."
+                f"gpu_memory_utilization {t.gpu_memory_utilization:g} of the GPU; raise it"
+            )
     colocated = [role for role in cfg.placement.colocate if role in per_gpu and gpus[role] > 0]
     if len(colocated) > 1 and sum(per_gpu[role] for role in colocated) > gpu:
         total = sum(per_gpu[role] for role in colocated)

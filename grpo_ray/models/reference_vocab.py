@@ -62,15 +62,19 @@ def check_reference_tokenizer(policy_tokenizer, reference_path: str | None, refe
 
 
 def check_teacher_tokenizer(
-    student_tokenizer, student: str, field: str, name: str, model_path: str, tokenizer: str | None
+    student_tokenizer, student: str, field: str, name: str, model_path: str | None, tokenizer: str | None
 ) -> None:
     """Raise ModelLoadError (one line naming both models) when a teacher's tokenizer maps any of the
     student's tokens (`student`: its model.path or model.tokenizer) to another id, or lacks one. A
     teacher's extra tokens are no problem: it only scores tokens the student sampled. `field`: the
-    teacher's entry, "distillation.teachers.0"."""
+    teacher's entry, "distillation.teachers.0". A url teacher (model_path None) is checked through
+    the tokenizer its entry names, that of the model its server runs: its whole token -> id map
+    here, offline, where asking the server (/tokenize) would check a sample of tokens, and only
+    while the server is up."""
     where = f"{field}.tokenizer" if tokenizer else f"{field}.model_path"
     path = tokenizer or model_path
-    check_model_source(model_path, f"{field}.model_path")
+    if model_path is not None:
+        check_model_source(model_path, f"{field}.model_path")
     check_model_source(path, where)
     student_vocab, teacher_vocab = student_tokenizer.get_vocab(), load_tokenizer(path).get_vocab()
     shared = {token: teacher_vocab[token] for token in student_vocab if token in teacher_vocab}

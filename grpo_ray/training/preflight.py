@@ -3,8 +3,9 @@ and `grpo-ray train` run the same checks, in this order, every one of them, and 
 problem found, one line each naming the field and the fix (a user fixes them all in one go, not
 one per try).
 
-1. model.quantization can run where the learners run (bitsandbytes' backend), and
-   rollout.vllm.engine_args are options of the installed vLLM;
+1. model.quantization can run where the learners run (bitsandbytes' backend),
+   rollout.vllm.engine_args are options of the installed vLLM, and a teacher scored by vLLM (a
+   url teacher's server, or backend: vllm) is asked at the temperature it scores at, 1;
 2. every model and tokenizer resolves: a local folder exists, a hub id is in the local Hugging Face
    cache or answers on the hub (one short request: offline, a one-line error at once rather than
    transformers' retries);
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
-from grpo_ray.config import Config, ConfigError, plan_resources
+from grpo_ray.config import Config, ConfigError, plan_resources, plan_stages
 from grpo_ray.config.vllm_args import check_engine_options
 from grpo_ray.models.hub import check_model_source
 from grpo_ray.quiet import quiet_vllm_import
@@ -65,6 +66,7 @@ def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> 
     found = _Problems()
     found.check(check_quantization, cfg)
     found.check(check_vllm_engine_args, cfg)
+    found.check(check_teacher_temperatures, cfg)
     for field, source in model_sources(cfg):
         found.check(check_model_source, source, field)
     models_resolve = not found.errors
@@ -129,6 +131,27 @@ def check_vllm_engine_args(cfg: Config) -> None:
         check_engine_options(cfg.rollout.vllm.engine_args, AsyncEngineArgs, vllm.__version__)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+
+
+def check_teacher_temperatures(cfg: Config) -> None:
+    """Every stage samples at temperature 1 when a teacher is scored by vLLM (a url teacher, or
+    backend: vllm): vLLM computes prompt log-probs from the raw logits whatever the request's
+    temperature ("prompt tokens skip sampling processors"), so at another temperature the teacher's
+    and the student's log-probs would be of different distributions."""
+    by_vllm = [(i, t) for i, t in enumerate(cfg.distillation.teachers) if t.served or t.backend == "vllm"]
+    if not by_vllm:
+        return
+    i, teacher = by_vllm[0]
+    for index, stage in enumerate(plan_stages(cfg)):
+        if stage.temperature != 1:
+            where = "rollout.temperature"
+            if cfg.stages and cfg.stages[index].temperature is not None:
+                where = f"stages.{index}.temperature"
+            raise ConfigError(
+                f"{where}: {stage.temperature:g}, and teacher {teacher.name} (distillation.teachers.{i}) is scored by "
+                "vLLM, whose prompt log-probs are the model's at temperature 1 (it applies no temperature to them); "
+                "sample at temperature 1, or run the teacher with model_path and backend: hf"
+            )
 
 
 def check_quantization(cfg: Config) -> None:

@@ -4,6 +4,7 @@ rows routed to at most one teacher, and the teachers' signal alone (no reward fu
 import pytest
 
 from grpo_ray.config import Config, ConfigError, config_from_dict, plan_resources
+from grpo_ray.config.memory import memory_plan
 
 TINY_TEACHER = {"name": "big", "model_path": "tiny"}
 
@@ -79,7 +80,11 @@ def test_the_teachers_signal_alone_needs_no_reward_function():
             "empty, so nothing would train; add a teacher or set it to true",
         ),
         (teachers({**TINY_TEACHER, "name": "a b"}), "distillation.teachers.0.name: String should match pattern"),
-        (teachers({"name": "big"}), "distillation.teachers.0.model_path: Field required"),
+        (
+            teachers({"name": "big"}),
+            "distillation.teachers.0.url: Value error, give model_path (a model run here) or url (a vLLM server's "
+            "base url, http://host:8000/v1), exactly one of them (got None)",
+        ),
         (teachers(TINY_TEACHER, coef=0), "distillation.coef: Input should be greater than 0"),
         (
             teachers({**TINY_TEACHER, "sources": ["a", "a"]}),
@@ -109,3 +114,85 @@ def test_switches_that_work_on_rewards_are_refused_when_the_teachers_signal_trai
     line = refused({**teachers(TINY_TEACHER, with_rewards=False), **sections})
     assert line.startswith(f"{field}: works on the rewards, which distillation.with_rewards: false leaves out")
     config_from_dict({**teachers(TINY_TEACHER), **sections})  # beside the rewards they work
+
+
+SERVED = {"name": "far", "url": "http://10.0.0.7:8000/v1/", "model": "qwen-7b", "tokenizer": "tiny"}
+
+
+def test_a_url_teacher_is_asked_over_http_and_holds_no_gpu_or_memory_here():
+    cfg = config_from_dict(teachers(SERVED))
+    teacher = cfg.distillation.teachers[0]
+    assert (teacher.url, teacher.model_path, teacher.served) == ("http://10.0.0.7:8000/v1", None, True)
+    assert (teacher.timeout_s, teacher.max_retries, teacher.max_failure_rate) == (60.0, 2, 0.5)
+    roles = {role.role: role for role in plan_resources(cfg)}
+    assert (roles["teacher-far"].num_cpus, roles["teacher-far"].num_gpus) == (0.5, 0)
+    lines, warnings = memory_plan(cfg, 80)
+    assert "teacher-far  served at http://10.0.0.7:8000/v1 (qwen-7b): no memory here" in lines and warnings == []
+
+
+def test_a_vllm_teacher_takes_its_engines_share_of_the_gpu_in_the_memory_plan():
+    # Qwen2.5-1.5B in bfloat16: 1,543,714,304 x 2 B = 2.88 GiB of weights; its engine takes 0.25 x 80 GiB.
+    big = {"name": "big", "model_path": "Qwen/Qwen2.5-1.5B-Instruct", "backend": "vllm", "num_gpus": 1}
+    cfg = config_from_dict({**teachers({**big, "gpu_memory_utilization": 0.25}), "model": {"dtype": "bfloat16"}})
+    lines, warnings = memory_plan(cfg, 80)
+    assert (
+        "teacher-big  weights 2.88 GiB (Qwen/Qwen2.5-1.5B-Instruct); vLLM takes 20.00 GiB (gpu_memory_utilization "
+        "0.25), KV cache 17.12 GiB"
+    ) in lines and warnings == []
+    # A GPU of 10 GiB: 0.25 of it (2.5 GiB) does not hold the weights.
+    assert memory_plan(cfg, 10)[1] == [
+        "teacher-big: the weights leave no KV cache in distillation.teachers.0.gpu_memory_utilization 0.25 of the "
+        "GPU; raise it"
+    ]
+    # On the CPU: its weights, and the KV cache in host memory.
+    cpu = config_from_dict({**teachers({**big, "num_gpus": 0}), "model": {"dtype": "bfloat16"}})
+    assert (
+        "teacher-big  weights 2.88 GiB (Qwen/Qwen2.5-1.5B-Instruct, on the CPU); vLLM's KV cache 1 GiB in host memory"
+    ) in memory_plan(cpu, 80)[0]
+
+
+@pytest.mark.parametrize(
+    "entry, line",
+    [
+        (
+            {**TINY_TEACHER, "url": "http://h:8000/v1"},
+            "distillation.teachers.0.url: Value error, give model_path (a model run here) or url (a vLLM server's "
+            "base url, http://host:8000/v1), exactly one of them (got 'http://h:8000/v1')",
+        ),
+        (
+            {**SERVED, "url": "http://user:secret@h:8000/v1"},
+            "distillation.teachers.0.url: Value error, not http(s)://host[:port]/path; a vLLM server's base url is "
+            "http://host:8000/v1",
+        ),
+        ({**SERVED, "url": "h:8000/v1"}, "distillation.teachers.0.url: Value error, not http(s)://host[:port]/path"),
+        (
+            {**SERVED, "tokenizer": None},
+            "distillation.teachers.0.tokenizer: Value error, a url teacher needs the tokenizer of the model its "
+            "server runs (a local folder or hub id): the student's token ids are checked against it at start",
+        ),
+        (
+            {**SERVED, "num_gpus": 1},
+            "distillation.teachers.0.num_gpus: Value error, a url teacher's model runs on its server: its actor "
+            "here takes no GPU; set 0",
+        ),
+        (
+            {**SERVED, "backend": "vllm"},
+            "distillation.teachers.0.backend: Value error, a url teacher runs on its server; backend is for a "
+            "model_path teacher",
+        ),
+        (
+            {**TINY_TEACHER, "timeout_s": 5},
+            "distillation.teachers.0.timeout_s: Value error, timeout_s is for a url teacher (a model served "
+            "elsewhere); this one runs model_path here",
+        ),
+        ({**TINY_TEACHER, "model": "x"}, "distillation.teachers.0.model: Value error, model is for a url teacher"),
+        (
+            {**TINY_TEACHER, "cpu_kv_cache_gb": 0.5},
+            "distillation.teachers.0.cpu_kv_cache_gb: Value error, cpu_kv_cache_gb is an option of backend: vllm's "
+            "engine; this teacher's backend is hf",
+        ),
+        ({**SERVED, "max_failure_rate": 0}, "distillation.teachers.0.max_failure_rate: Input should be greater than 0"),
+    ],
+)
+def test_a_teacher_of_the_wrong_kind_of_fields_is_one_line_naming_the_field(entry, line):
+    assert refused(teachers(entry)).startswith(line)
