@@ -59,7 +59,7 @@ def _distillation(cfg: Config) -> str:
     if not d.teachers:
         return "no (distillation.teachers is empty)"
     rest = "every row" if len(d.teachers) == 1 else "the other rows"
-    teachers = ", ".join(f"{t.name} ({t.model_path}: {', '.join(t.sources) or rest})" for t in d.teachers)
+    teachers = ", ".join(f"{t.name} ({t.shown}: {', '.join(t.sources) or rest})" for t in d.teachers)
     signal = "beside the rewards' advantage" if d.with_rewards else "the teachers' signal alone"
     return f"{teachers}; coef {d.coef:g}, {signal}"
 

@@ -1,7 +1,7 @@
 """Distillation's part of a step (distillation.teachers): the teachers score what the learners
 will train on, and the update takes their log-probs beside the slices (algo/distill.py).
 
-    teacher_refs = teach(workers, payloads, temperature, metrics)   # per rank, teacher by teacher
+    teacher_refs = teach(workers, payloads, temperature, recovery, cfg.distillation, metrics)  # or None
     advantages = rewards_signal(advantages, with_rewards)            # 0: the teacher's signal alone
 
 The teachers read the slices the rollout wrote, with the log-probs of the weights that sampled
@@ -12,20 +12,35 @@ from __future__ import annotations
 
 import numpy as np
 
-from grpo_ray.algo.distill import distill_metrics
+from grpo_ray.algo.distill import distill_metrics, teacher_failure
 from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.recovery import WorkerRecovery
 from grpo_ray.cluster.roles import Workers
+from grpo_ray.config import DistillationConfig
+from grpo_ray.training.errors import TeacherFailureError
 
 
 def teach(
-    workers: Workers, payloads: list[list], temperature: float, recovery: WorkerRecovery, metrics: dict[str, float]
-) -> list[list]:
+    workers: Workers,
+    payloads: list[list],
+    temperature: float,
+    recovery: WorkerRecovery,
+    distillation: DistillationConfig,
+    metrics: dict[str, float],
+) -> list[list] | None:
     """Every teacher's log-probs of each rank's slices, as refs in the order the learners' payload
     wants them (per rank: the first teacher's arrays, then the next's); the step's distill/* metrics
-    into `metrics`. A teacher that died is replaced (`recovery`) and its calls issued again."""
+    into `metrics`. A teacher that died is replaced (`recovery`) and its calls issued again; a
+    teacher server that failed on more of the step's rows than its max_failure_rate stops the run
+    (TeacherFailureError, the step's metrics kept). None without teachers (distillation.teachers)."""
+    if not distillation.teachers:
+        return None
     per_rank, sums = workers.teacher_logprobs(payloads, temperature, recovery)
-    metrics.update(distill_metrics({name: fetch(refs) for name, refs in sums.items()}))
+    fetched = {name: fetch(refs) for name, refs in sums.items()}
+    metrics.update(distill_metrics(fetched))
+    limits = {t.name: (t.url, t.max_failure_rate) for t in distillation.teachers if t.url}
+    if (line := teacher_failure(fetched, limits)) is not None:
+        raise TeacherFailureError(line, metrics)
     return [[ref for teacher in rank for ref in teacher] for rank in per_rank]
 
 

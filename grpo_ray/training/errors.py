@@ -22,6 +22,11 @@ class EnvironmentFailureError(RunStoppedError):
     the failures by kind and the first one's method, error and the setting or code to change."""
 
 
+class TeacherFailureError(RunStoppedError):
+    """A teacher behind an HTTP endpoint failed on more of a step's rows than its max_failure_rate;
+    the message names it, its url and its first error."""
+
+
 class NothingToLearnError(RunStoppedError):
     """Too many batches in a row had no learning signal, or drop-easy left no training prompt."""
 

@@ -269,7 +269,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         )
     distilled = cfg.use_distillation  # the teachers score the learners' slices (training/distill.py)
     with timer("teacher"):
-        teacher_refs = teach(workers, payloads, stage.temperature, run.recovery, extra) if distilled else None
+        teacher_refs = teach(workers, payloads, stage.temperature, run.recovery, cfg.distillation, extra)
     with timer("advantages"):
         advantages = group_advantages(train, a.advantage, a.normalize_by_std)
         advantages = rewards_signal(advantages, cfg.distillation.with_rewards or not distilled)
