@@ -83,3 +83,63 @@ def test_each_slices_rows_take_their_teachers_signal():
     )
     # Row 0: 0.25 - 0.5 x (-0.5) = 0.5 and 0.25 - 0.5 x 1 = -0.25; row 1: -0.5 x 1 and -0.5 x (-1).
     assert batch["advantages"].tolist() == [[0.25, 0.25, 0.5, -0.25], [0.0, 0.0, -0.5, 0.5]]
+
+
+def test_an_environments_reply_takes_no_teacher_term():
+    from grpo_ray.actors.episodes import Episode, episode_sample
+    from grpo_ray.actors.learner_batch import concat_rows
+    from grpo_ray.actors.slices import pack_samples
+    from grpo_ray.algo.distill import teacher_sums
+    from grpo_ray.envs.episode import EpisodeTokens
+    from grpo_ray.types import Prompt
+
+    # An episode: prompt [1, 2], the model's turn [3, 4], the environment's reply [5], its turn [6].
+    tokens = EpisodeTokens(prompt=[1, 2])
+    tokens.add_turn([3, 4], [-0.25, -0.5])
+    tokens.add_reply([5])
+    tokens.add_turn([6], [-0.75])
+    prompt = Prompt(uid=7, text="q", token_ids=(1, 2), answer="a", fields={})
+    episode = pack_samples([(0, prompt, episode_sample(Episode(tokens)))], pad_id=0, policy_version=0)
+    # A teacher's log-prob at every column, the prompt's and the reply's too: only the model's three
+    # tokens take its signal.
+    teacher = np.array([[-8.0, -8.0, -0.75, -0.5, -8.0, -1.75]], np.float32)
+    batch = concat_rows([episode], [np.array([0.5])], [np.ones(1)], None, 0, teachers=[[teacher]], distill_coef=1.0)
+    # Turn 1: 0.5 - (-0.25 + 0.75) = 0 and 0.5 - 0 = 0.5; turn 2: 0.5 - (-0.75 + 1.75) = -0.5.
+    # The prompt and the reply keep the row's 0.5, though the teacher gave them -8.
+    assert batch["advantages"].tolist() == [[0.5, 0.5, 0.0, 0.5, 0.5, -0.5]]
+    # Its metrics count the same three tokens: teacher -3, student -1.5, gaps 0.5 + 0 + 1.
+    sums = teacher_sums(episode.rollout_logprobs, teacher, episode.completion_mask)
+    assert (sums.tokens, sums.rows, sums.teacher_logprob, sums.student_logprob, sums.reverse_kl) == (
+        3,
+        1,
+        -3.0,
+        -1.5,
+        1.5,
+    )
+
+
+def test_the_teachers_gap_is_to_the_log_probs_that_sampled_the_row():
+    from grpo_ray.actors.learner_batch import concat_rows, split_payload
+    from grpo_ray.actors.slices import pack_slice
+    from grpo_ray.types import Completion, Prompt
+
+    # A pipelined row: sampled by weights version 2 (their log-probs -1 and -2 recorded with it) and
+    # trained at a later step, with the KL term's reference log-probs in the payload before the
+    # teacher's, as train_step receives them. The behaviour log-probs are the row's own, neither
+    # the reference's nor anything the learner computes now.
+    prompt = Prompt(uid=0, text="q", token_ids=(1, 2), answer="a")
+    completion = Completion(token_ids=(5, 6), logprobs=(-1.0, -2.0), text="x", finish_reason="stop")
+    stale = pack_slice([(0, prompt, completion)], pad_id=0, policy_version=2)
+    reference = np.array([[0, 0, -4.0, -4.0]], np.float32)
+    same = np.array([[0, 0, -1.0, -2.0]], np.float32)  # a teacher equal to the weights that sampled it
+    other = np.array([[0, 0, -1.5, -1.0]], np.float32)
+
+    def advantages(teacher):
+        slices, refs, teachers = split_payload((stale, reference, teacher), 1, 1)
+        batch = concat_rows(slices, [np.array([0.25])], [np.ones(1)], refs, 0, teachers=teachers, distill_coef=1.0)
+        assert batch["ref_logprobs"].tolist() == reference.tolist()
+        return batch["advantages"].tolist()
+
+    assert advantages(same) == [[0.25] * 4]  # no gap: nothing to move
+    # Gaps -1 - (-1.5) = 0.5 and -2 - (-1) = -1: 0.25 - 0.5 and 0.25 + 1.
+    assert advantages(other) == [[0.25, 0.25, -0.25, 1.25]]
