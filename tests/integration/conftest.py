@@ -12,8 +12,9 @@ import tempfile
 from pathlib import Path
 
 import psutil
-
 import pytest
+import torch
+from safetensors.torch import load_file
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,11 +180,38 @@ def kill_child_titled(parent: psutil.Process, title: str) -> int | None:
     """SIGKILL the first descendant of `parent` whose process title is `title` (Ray renames a worker
     `ray::Class.method` while it runs a call; vLLM's engine core is `VLLM::EngineCore`); its pid,
     or None when none has that title now."""
+    return kill_titled(parent.children(recursive=True), title)
+
+
+def titled_like(parent: psutil.Process, prefix: str) -> list[psutil.Process]:
+    """The descendants of `parent` whose process title starts with `prefix`."""
+    found = []
     for child in parent.children(recursive=True):
         try:
-            if child.cmdline()[:1] == [title]:
-                child.send_signal(signal.SIGKILL)
-                return child.pid
+            if child.cmdline()[:1] and child.cmdline()[0].startswith(prefix):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def kill_titled(processes: list[psutil.Process], title: str) -> int | None:
+    """SIGKILL the first of `processes` titled `title` now; its pid, or None."""
+    for process in processes:
+        try:
+            if process.cmdline()[:1] == [title]:
+                process.send_signal(signal.SIGKILL)
+                return process.pid
         except psutil.Error:
             continue
     return None
+
+
+def assert_same_weights(want: Path, got: Path) -> None:
+    """The two saved models hold the same tensors, bit for bit."""
+    expected, found = load_file(want / "model.safetensors"), load_file(got / "model.safetensors")
+    assert sorted(found) == sorted(expected)
+    differ = [name for name in expected if not torch.equal(found[name], expected[name])]
+    if differ:
+        gap = float((found[differ[0]] - expected[differ[0]]).abs().max())
+        raise AssertionError(f"{len(differ)} tensors differ, {differ[0]} by up to {gap:.3g}")

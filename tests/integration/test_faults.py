@@ -1,10 +1,17 @@
 """Faults injected from outside with SIGKILL: each run ends as the run that was not hurt.
 
 A straight run goes first; then a run whose driver is killed and started again (it continues from
-its last checkpoint, in the same MLflow run), a run whose learner is killed, and runs whose
-rollout or reward worker is killed mid-step (replaced, the step completed).
+its last checkpoint, in the same MLflow run, to the same final weights), a run whose learner is
+killed, and runs whose rollout, reward or teacher worker is killed mid-step (replaced, the step
+completed).
+
+Every run compared with a straight one distils from a teacher (distillation, issue 54), so the
+teacher's part of a step (its phase, its signal in the update, its distill/* metrics) comes out the
+same through a resume, a streamed rollout, episodes and each worker's replacement; the learner's
+run has none.
 """
 
+import math
 import os
 import re
 import signal
@@ -21,11 +28,16 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.config import load_config
 from grpo_ray.training.loop import train
 
-from .conftest import HAS_VLLM, kill_child_titled, ray_processes
+from .conftest import HAS_VLLM, assert_same_weights, kill_titled, ray_processes, set_args, titled_like
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
 SHORT = ["train.steps=4", "train.checkpoint_every=2", "data.eval_limit=20"]
+# The tiny model as its own teacher: its signal is the student's drift from where it started (rows
+# all 256 of a step, the reverse KL 0 at step 1, not after), enough to tell a step that lost or
+# changed it.
+TEACHER = ["distillation.teachers=[{name: t, model_path: tiny}]"]
+DISTILLED = ["distill/t/reverse_kl", "distill/t/teacher_logprob", "distill/t/student_logprob", "distill/t/rows"]
 
 
 def command(output_dir: Path, *extra: str) -> list[str]:
@@ -68,7 +80,7 @@ def top_level_runs(output_dir: Path):
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight')}", *SHORT]))
+    return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight')}", *SHORT, *TEACHER]))
 
 
 EPISODES = [
@@ -81,11 +93,12 @@ EPISODES = [
 @pytest.fixture(scope="module")
 def straight_episodes(tmp_path_factory):
     """The straight run of an agent: each sample an episode with an environment."""
-    return train(load_config(TINY, [f"output_dir={tmp_path_factory.mktemp('straight-episodes')}", *SHORT, *EPISODES]))
+    out = tmp_path_factory.mktemp("straight-episodes")
+    return train(load_config(TINY, [f"output_dir={out}", *SHORT, *EPISODES, *TEACHER]))
 
 
 def assert_same_steps(straight, tracking_uri: str, run_id: str) -> None:
-    keys = ["batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy"]
+    keys = ["batch/prompt_digest", "loss/total", "reward/mean", "actor/entropy", *DISTILLED]
     if "episode/turns" in MlflowClient(straight.tracking_uri).get_run(straight.run_id).data.metrics:
         keys.append("episode/turns")
     for key in keys:
@@ -96,12 +109,22 @@ def assert_same_steps(straight, tracking_uri: str, run_id: str) -> None:
             assert abs(got[step] - want[step]) <= 1e-6, f"{key} at step {step}: {got[step]} vs {want[step]}"
 
 
+def assert_taught(straight) -> None:
+    """The teacher taught every row of every step (32 prompts x 8), its figures finite, and its
+    signal is the student's drift: none at step 1 (teacher and student the same weights), some after."""
+    metrics = {key: per_step(straight.tracking_uri, straight.run_id, key) for key in DISTILLED}
+    assert metrics["distill/t/rows"] == {step: 256.0 for step in (1, 2, 3, 4)}
+    assert all(math.isfinite(v) for values in metrics.values() for v in values.values())
+    kl = metrics["distill/t/reverse_kl"]
+    assert abs(kl[1]) < 1e-5 and max(abs(kl[s]) for s in (2, 3, 4)) > 1e-4, kl
+
+
 @pytest.mark.parametrize("kind", ["single-turn", "episodes"])
 def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, request, kind):
     # episodes: an agent's run (an environment), whose episodes after the resume are those of the
     # straight run: their seeds come from the step and the group, not from what ran before.
     straight = request.getfixturevalue("straight" if kind == "single-turn" else "straight_episodes")
-    extra = [] if kind == "single-turn" else [arg for item in EPISODES for arg in ("--set", item)]
+    extra = set_args(*TEACHER, *([] if kind == "single-turn" else EPISODES))
     b, log = tmp_path / "b", tmp_path / "b.log"
     proc = start(b, log, *extra)
     wait_for(b / "checkpoints" / "step_000002" / "state.json", proc, log)
@@ -116,7 +139,14 @@ def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, req
     assert run.info.status == "FINISHED"
     uri = f"sqlite:///{b / 'mlflow.db'}"
     assert_same_steps(straight, uri, run.info.run_id)
+    assert_taught(straight)
     assert per_step(uri, run.info.run_id, "eval/accuracy")[4] == straight.eval_accuracy[4]
+    if kind == "single-turn":
+        # The same final weights, bit for bit. Not so for episodes with a teacher: a turn is generated
+        # in one batch with whichever turns were ready then, and its rollout log-probs, which enter
+        # the teacher's term, move in their last bits with that company (its tokens do not), so two
+        # straight runs' weights differ too (up to ~2e-5 after 4 steps; without a teacher, not at all).
+        assert_same_weights(Path(straight.model_dir), b / "model")
     # The run is complete: the same command again trains nothing.
     again = subprocess.run(command(b, *extra), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "holds a run that finished at step 4" in again.stdout
@@ -201,11 +231,15 @@ def slow_exact_match(completions, prompts, answers, **fields):
 
 def kill_mid_call(proc: subprocess.Popen, title: str, lines: list[str], killed: list[int]) -> None:
     """After step 2 was printed, SIGKILL the first process of the run titled `title`: a Ray worker
-    inside a call (Ray renames it `ray::Class.method` while it runs one), or vLLM's engine core
-    (`VLLM::EngineCore`, a child of its rollout actor)."""
+    inside a call (Ray renames it `ray::Class.method` while it runs one, `ray::Class` between calls),
+    or vLLM's engine core (`VLLM::EngineCore`, a child of its rollout actor). The processes of the
+    class are found once, then only their titles are read: a teacher's call lasts about 50 ms, and a
+    scan of every process of a busy machine can take longer than that."""
+    watched: list[psutil.Process] = []
     while proc.poll() is None and not killed:
         if any(line.startswith("step 2/") for line in lines):
-            if (pid := kill_child_titled(psutil.Process(proc.pid), title)) is not None:
+            watched = watched or titled_like(psutil.Process(proc.pid), title.split(".")[0])
+            if (pid := kill_titled(watched, title)) is not None:
                 killed.append(pid)
                 return
         time.sleep(0.002)
@@ -238,12 +272,13 @@ def run_killing(args: list[str], title: str) -> tuple[list[str], list[int]]:
         ("rollout", "ray::RolloutWorker.generate", False),
         ("reward", "ray::RewardWorker.score", False),
         ("reward", "ray::RewardWorker.score", True),
+        ("teacher", "ray::TeacherWorker.logprobs", False),
     ],
 )
 def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, request, role, title, episodes):
     # episodes: an agent's run, streamed (its groups' episodes scored as each group finishes).
     straight = request.getfixturevalue("straight_episodes" if episodes else "straight")
-    extra = [arg for item in EPISODES for arg in ("--set", item)] if episodes else []
+    extra = set_args(*TEACHER, *(EPISODES if episodes else []))
     if role == "reward":
         # Streamed: each half of the prompts is scored as it arrives (two calls a step), and the run
         # must still equal the straight run, which took its prompts in one piece.
@@ -258,15 +293,19 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_completes(tmp_path, r
     lines, killed = run_killing(command(out, *extra), title)
     text = "".join(lines)
     assert killed, f"no {title} process was seen after step 2: {text[-2000:]}"
-    assert f"{role}-0 died and was replaced by process" in text
+    worker = "teacher-t" if role == "teacher" else f"{role}-0"
+    assert f"{worker} died and was replaced by process" in text
     if role == "rollout":
         assert "re-issued rollout-0's 32 prompts" in text and "it was given the current weights" in text
+    if role == "teacher":  # its one call of the step (one learner rank, one slice), issued again
+        assert "re-issued teacher-t's 1 log-prob calls" in text
 
     (run,) = top_level_runs(out)
     uri = f"sqlite:///{out / 'mlflow.db'}"
     replaced = per_step(uri, run.info.run_id, f"faults/{role}_replaced")
     assert sorted(replaced) == [1, 2, 3, 4] and sum(replaced.values()) == 1.0 and replaced[1] == replaced[2] == 0.0
-    # Every prompt's group once, on the current weights: the hurt run is the straight run, step by step.
+    # Every prompt's group once, on the current weights, and every row taught once: the hurt run is
+    # the straight run, step by step.
     assert_same_steps(straight, uri, run.info.run_id)
     assert not ray_processes()
 
@@ -338,7 +377,7 @@ def test_a_rollout_worker_killed_mid_episode_is_replaced_and_its_episodes_run_ag
     # Episodes of several turns (an environment): the worker is killed inside generate (its sampler runs episodes),
     # replaced, and its share's episodes run again from their seeds; the run equals the straight one.
     out = tmp_path / "hurt"
-    extra = [arg for item in EPISODES for arg in ("--set", item)]
+    extra = set_args(*TEACHER, *EPISODES)
     lines, killed = run_killing(command(out, *extra), "ray::RolloutWorker.generate")
     text = "".join(lines)
     assert killed, f"no episode call was seen after step 2: {text[-2000:]}"
