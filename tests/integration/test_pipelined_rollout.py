@@ -5,6 +5,9 @@ update old: the step says so (batch/staleness, batch/policy_version), the learne
 row of it (update/stale_rows), and a checkpoint is never crossed, so a run resumed from one
 continues exactly as the run that wrote it. A rollout worker killed while it samples a batch ahead
 is replaced, and its share is sampled again by the weights that sampled the rest of the batch.
+
+The runs distil from a teacher (issue 54): the tiny model as it starts, so a batch sampled by the
+first weights, scored against the log-probs that sampled it, has nothing to learn from the teacher.
 """
 
 import shutil
@@ -20,7 +23,7 @@ from grpo_ray.config import load_config
 from grpo_ray.training.loop import train
 from grpo_ray.training.run import current_phase
 
-from .conftest import kill_child_titled
+from .conftest import assert_same_weights, kill_child_titled
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
 SETTINGS = [
@@ -31,8 +34,17 @@ SETTINGS = [
     "rollout.max_staleness=1",
     "weight_sync.probe_every=1",
     "weight_sync.measure_raw_broadcast=true",
+    "distillation.teachers=[{name: t, model_path: tiny}]",
 ]
-COMPARED = ("batch/prompt_digest", "reward/mean", "loss/policy", "actor/entropy", "batch/staleness")
+COMPARED = (
+    "batch/prompt_digest",
+    "reward/mean",
+    "loss/policy",
+    "actor/entropy",
+    "batch/staleness",
+    "distill/t/reverse_kl",
+    "distill/t/teacher_logprob",
+)
 
 
 def per_step(tracking_uri: str, run_id: str, key: str) -> dict[int, float]:
@@ -68,6 +80,21 @@ def test_the_next_batch_is_sampled_one_update_behind_except_after_a_checkpoint(p
     assert len(probe) == 6 and max(probe.values()) < 1e-3
 
 
+def test_the_teacher_scores_each_batch_against_the_weights_that_sampled_it(pipelined):
+    _, result = pipelined
+    versions = per_step(result.tracking_uri, result.run_id, "batch/policy_version")
+    kl = per_step(result.tracking_uri, result.run_id, "distill/t/reverse_kl")
+    rows = per_step(result.tracking_uri, result.run_id, "distill/t/rows")
+    # Every row of every step taught (32 prompts x 8), as many as the learner trained on.
+    assert rows == {step: 256.0 for step in range(1, 7)}
+    # The teacher is the first weights: the batches they sampled (steps 1 and 2; step 2's during
+    # step 1's update, while the learner already held the next weights) show no gap, measured
+    # against the rows' own rollout log-probs; every later batch, sampled by trained weights, does.
+    assert {step for step, version in versions.items() if version == 0} == {1, 2}
+    assert all((abs(kl[step]) < 1e-5) == (versions[step] == 0) for step in versions), (kl, versions)
+    assert min(abs(kl[step]) for step in (3, 4, 5, 6)) > 1e-4, kl
+
+
 def test_sync_bandwidth_is_logged_next_to_a_raw_broadcast_of_the_same_bytes(pipelined):
     _, result = pipelined
     raw = per_step(result.tracking_uri, result.run_id, "sync/raw_broadcast_gbps")
@@ -82,12 +109,15 @@ def test_a_resumed_pipelined_run_continues_exactly(pipelined, tmp_path):
     copy = tmp_path / "resumed"
     shutil.copytree(out, copy)
     shutil.rmtree(copy / "checkpoints" / "step_000006")
+    shutil.rmtree(copy / "model")
     resumed = train(load_config(TINY, [f"output_dir={copy}", *SETTINGS]))
     assert resumed.run_id == result.run_id
     for key in COMPARED:
         original = per_step(result.tracking_uri, result.run_id, key)
         again = per_step(resumed.tracking_uri, resumed.run_id, key)
         assert {s: again[s] for s in (4, 5, 6)} == {s: original[s] for s in (4, 5, 6)}, key
+    # And it ends on the same weights, bit for bit.
+    assert_same_weights(out / "model", copy / "model")
 
 
 def test_the_run_ends_at_the_first_evaluation_that_reaches_stop_at_accuracy(tmp_path):

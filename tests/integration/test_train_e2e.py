@@ -72,7 +72,9 @@ def test_short_run_improves_heldout_accuracy(tmp_path, backend, overrides):
     assert all(params[key] == value for key, value in (item.split("=") for item in overrides))
 
 
-def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path):
+def test_kl_term_starts_the_reference_actor_and_a_lora_student_trains_its_adapter_beside_a_teacher(tmp_path):
+    # A teacher beside the reference (distillation, issue 54): the learner's payload carries both
+    # arrays (the reference's, then the teacher's), and the LoRA student takes the teacher's signal.
     result = train(
         quick_cfg(
             tmp_path,
@@ -81,6 +83,8 @@ def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path)
             "model.lora.enabled=true",
             "learner.lr=1e-3",
             "data.eval_limit=50",
+            "reference.num_cpus=0.25",
+            "distillation.teachers=[{name: t, model_path: tiny, num_cpus: 0.25}]",
         )
     )
     kl = metric_history(result, "actor/kl")
@@ -88,6 +92,13 @@ def test_kl_term_starts_the_reference_actor_and_lora_trains_an_adapter(tmp_path)
     assert max(kl.values()) > 0, "after a LoRA update the policy must drift from the reference"
     # The learner saves the adapter, not the whole model.
     assert (Path(result.model_dir) / "adapter_config.json").exists()
+    # Every row of every step taught (32 prompts x 8), its figures finite; the teacher is the base
+    # model, which the student is until its adapter (lora_B zero at the start) has moved.
+    distilled = {key: metric_history(result, f"distill/t/{key}") for key in ("reverse_kl", "teacher_logprob", "rows")}
+    assert distilled["rows"] == {1: 256.0, 2: 256.0, 3: 256.0}
+    assert all(np.isfinite(v) for values in distilled.values() for v in values.values())
+    gap = distilled["reverse_kl"]
+    assert abs(gap[1]) < 1e-5 and max(abs(gap[2]), abs(gap[3])) > 1e-4, gap
 
 
 # With tensor_parallel_size 2 the adapter reaches the rollout actor, and both shards load it from its folder.
