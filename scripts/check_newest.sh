@@ -34,4 +34,5 @@ for line in sorted(newer):
     print("  " + line)
 PY
 python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy" \
-  tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns
+  tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns \
+  tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher
