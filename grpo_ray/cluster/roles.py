@@ -74,12 +74,13 @@ class Workers:
 
     # -- calls every learner rank (and the reference) takes part in --------------------------------
 
-    def update(self, shards: list[LearnerShard], payloads: list[list], ref_refs: list[list] | None) -> list:
-        """Start every rank's optimizer step: rank r's shard, its RolloutSlice refs and (KL in the
-        loss) their reference log-prob refs, passed as top-level arguments so that the learner
-        fetches them and the driver never does. The calls, to gather (dispatch.gather_fail_fast)."""
+    def update(self, shards: list[LearnerShard], payloads: list[list], beside: list[list]) -> list:
+        """Start every rank's optimizer step: rank r's shard, its RolloutSlice refs and the refs that
+        go beside them (`beside[r]`: reference log-probs with the KL in the loss, then the teachers'),
+        passed as top-level arguments so that the learner fetches them and the driver never does.
+        The calls, to gather (dispatch.gather_fail_fast)."""
         return [
-            learner.train_step.remote(shard, *payloads[rank], *(ref_refs[rank] if ref_refs else []))
+            learner.train_step.remote(shard, *payloads[rank], *beside[rank])
             for rank, (learner, shard) in enumerate(zip(self.learners, shards))
         ]
 

@@ -272,7 +272,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         teacher_refs = teach(workers, payloads, stage.temperature, run.recovery, cfg.distillation, extra)
     with timer("advantages"):
         advantages = group_advantages(train, a.advantage, a.normalize_by_std)
-        advantages = rewards_signal(advantages, cfg.distillation.with_rewards or not distilled)
+        advantages = rewards_signal(advantages, cfg.distillation.with_rewards)
         slopes = turn_slopes(train, a.advantage, a.normalize_by_std, cfg.environment.reward_per_turn)
     with timer("update"):
         # Pipelined rollout: the next steps' batches are queued once the learners have their work,

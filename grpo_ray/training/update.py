@@ -153,11 +153,11 @@ def run_update(
             )
         )
     # Beside each rank's slices: their reference log-probs, then the teachers' (actors/learner_batch.split_payload).
-    extra = [
+    beside = [
         (ref_refs[rank] if ref_refs else []) + (teacher_refs[rank] if teacher_refs else [])
         for rank in range(len(shards))
     ]
-    calls = workers.update(shards, payloads, extra)
+    calls = workers.update(shards, payloads, beside)
     if while_running is not None:
         while_running()
     try:
