@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo_ray.rewards.http import describe_transport_error
+
 # Status codes retried besides 5xx: "request timeout" and "too many requests" invite a retry.
 _RETRYABLE_4XX = (408, 429)
 _SNIPPET_CHARS = 200  # at most this much of a server's error body goes into an error line
@@ -229,12 +231,9 @@ def _row_length(mask: np.ndarray) -> int:
 
 
 def _describe(err: BaseException, timeout_s: float) -> str:
-    reason = err.reason if isinstance(err, urllib.error.URLError) else err
-    if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
-        return f"timed out after {timeout_s:g} s (timeout_s)"
     if isinstance(err, (MalformedAnswer, _Retry)):
         return str(err)
-    return f"{type(reason).__name__}: {' '.join(str(reason).split())}".rstrip(": ")
+    return describe_transport_error(err, timeout_s)
 
 
 def _error_body(err: urllib.error.HTTPError) -> str:

@@ -125,7 +125,7 @@ def http_reward(
                     )
                 ) from None
         except (OSError, http.client.HTTPException) as error:
-            last_error = _describe_transport_error(error, timeout_s)
+            last_error = describe_transport_error(error, timeout_s)
         else:
             return _parse_rewards(raw, len(completions), where, secrets)
     raise RuntimeError(
@@ -182,7 +182,9 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _describe_transport_error(error: BaseException, timeout_s: float) -> str:
+def describe_transport_error(error: BaseException, timeout_s: float) -> str:
+    """One line for a request that failed in transport (a timeout, a refused connection, an HTTP
+    error's reason), for the http reward and a url teacher (actors/http_teacher.py) alike."""
     reason = error.reason if isinstance(error, urllib.error.URLError) else error
     if isinstance(reason, TimeoutError):  # socket.timeout is TimeoutError since Python 3.10
         return f"timed out after {timeout_s:g} s (timeout_s)"
