@@ -39,7 +39,7 @@ def heldout_accuracy(run: Run, stage: StagePlan, step: int) -> float:
 def scores_accuracy(cfg: Config) -> bool:
     """Whether anything scores a held-out sample: a reward function or the reward model (a
     teacher's signal alone may train with neither: distillation.with_rewards false)."""
-    return bool(cfg.reward.functions or cfg.reward.by_source or cfg.reward.model.path or cfg.environment.spec)
+    return bool(cfg.reward.functions or cfg.reward.by_source or cfg.reward.model.path)
 
 
 def unmeasured_reason(cfg: Config) -> str:

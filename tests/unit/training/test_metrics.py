@@ -166,6 +166,15 @@ def test_an_accuracy_nothing_scores_says_why():
         "not measured (no reward function scores the held-out samples: reward.functions is empty)"
     )
     assert "data.eval_files" in unmeasured_reason(config_from_dict({}))
+    # An environment's reward is no accuracy (heldout_metrics reads the first reward function's).
+    agent = config_from_dict(
+        {
+            "reward": {"functions": []},
+            "environment": {"spec": "examples/agents/higher_lower.py:HigherLower"},
+            "distillation": {"teachers": [{"name": "t", "model_path": "tiny"}], "with_rewards": False},
+        }
+    )
+    assert unmeasured_reason(agent) == why
     zeros = np.zeros(2)
     unscored = ScoredSlice(
         group_ids=np.arange(2),
