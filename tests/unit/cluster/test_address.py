@@ -111,7 +111,13 @@ def interrupt_validate(port: int, cwd: Path, settle_s: float) -> tuple[subproces
     seconds from the signal to its exit, whether the child still asked when the signal went)."""
     command = [sys.executable, "-m", "grpo_ray.cli", "validate", str(TINY), "--address", f"127.0.0.1:{port}"]
     child = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=as_a_shell_starts_it,
     )
     try:
         deadline = time.monotonic() + 120
@@ -127,6 +133,14 @@ def interrupt_validate(port: int, cwd: Path, settle_s: float) -> tuple[subproces
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
+
+
+def as_a_shell_starts_it() -> None:
+    """SIGINT delivered and handled by default in validate, as from a user's shell: a child inherits
+    its parent's blocked signals and ignored ones, and a full unit run's pytest process had SIGINT
+    blocked or ignored by then (the question still ran when the signal went, yet validate finished it)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def asking_the_gcs(pid: int) -> bool:
