@@ -270,10 +270,10 @@ class LearnerShard:
     # per unit of its own reward (algo.advantage_slopes); None: one advantage per row.
     advantage_slopes: list[np.ndarray] | None = None
     # Distillation (distillation.teachers): each token's advantage less distill_coef x its reverse KL
-    # to the teacher (algo/distill.py); `teachers` arrays of teacher log-probs per slice follow the
-    # slices (and their reference log-probs) in the payload, teacher by teacher. None: no teacher.
+    # to the teacher (algo/distill.py); the arrays of teacher log-probs per slice of the `teachers`
+    # named follow the slices (and their reference log-probs) in the payload, teacher by teacher.
     distill_coef: float | None = None
-    teachers: int = 0
+    teachers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -285,6 +285,8 @@ class LearnerStats:
     num_tokens: int  # tokens through forward + backward on this rank
     seconds: float
     skipped: bool = False  # the update was skipped (non-finite loss or gradient)
+    # Distillation: teacher name -> algo.distill.StudentSums, the student's side of its gaps here.
+    student_sums: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

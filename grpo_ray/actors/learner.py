@@ -25,7 +25,15 @@ from grpo_ray.actors.deepspeed_setup import (
     loss_scale,
     safe_checkpoint_engine,
 )
-from grpo_ray.actors.learner_batch import averaged, concat_rows, micro_batch, split_payload, turn_credit_moved
+from grpo_ray.actors.learner_batch import (
+    averaged,
+    concat_rows,
+    micro_batch,
+    split_payload,
+    taught_advantages,
+    taught_sums,
+    turn_credit_moved,
+)
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
@@ -120,16 +128,10 @@ class LearnerWorker:
         moved = self.offload.bring_back()  # learner.offload_states_between_updates: Adam's moments, gradients
         lr = self._set_lr(shard.step)
         skipped_before = self.engine.skipped_steps
-        slices, ref_arrays, teachers = split_payload(payload, len(shard.advantages), shard.teachers)
+        slices, ref_arrays, teachers = split_payload(payload, len(shard.advantages), len(shard.teachers))
+        pad = self.tokenizer.pad_token_id
         batch = concat_rows(
-            slices,
-            shard.advantages,
-            shard.row_weights,
-            ref_arrays,
-            self.tokenizer.pad_token_id,
-            shard.advantage_slopes,
-            teachers,
-            shard.distill_coef or 0.0,
+            slices, shard.advantages, shard.row_weights, ref_arrays, pad, shard.advantage_slopes, teachers
         )
         turn_credit = turn_credit_moved(batch)
         stale = stale_rows(np.concatenate([sl.policy_versions for sl in slices]), shard.step)
@@ -138,6 +140,7 @@ class LearnerWorker:
         micro_batches = self._plan(batch["attention_mask"].sum(dim=1).numpy())
         learner_old: dict[int, torch.Tensor] = {}  # the policy's own log-probs before this step
         sums: dict[str, float] = {}
+        students: dict = {}  # distillation: per teacher, the student's side of its gaps (algo/distill.StudentSums)
         tokens = 0
         by_tokens = self.settings.max_tokens_per_micro_batch > 0
         for epoch in range(self.settings.epochs_per_batch):
@@ -150,6 +153,9 @@ class LearnerWorker:
                     for name, value in step_metrics.items():
                         sums[name] = sums.get(name, 0.0) + value
                     tokens += int(mb["attention_mask"].sum())
+                if len(rows) and epoch == 0 and shard.teachers:
+                    for name, part in taught_sums(mb, learner_old[index], shard.teachers).items():
+                        students[name] = students[name] + part if name in students else part
         if by_tokens:
             self.engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own count
         used = sum(1 for rows in micro_batches if len(rows))
@@ -168,7 +174,8 @@ class LearnerWorker:
         if grad_norm is not None and math.isfinite(float(grad_norm)):
             metrics["actor/grad_norm"] = float(grad_norm)
         metrics.update(moved | self.offload.send_away())  # to host memory until the next update
-        return LearnerStats(rank=self.rank, metrics=metrics, num_tokens=tokens, seconds=time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return LearnerStats(self.rank, metrics, num_tokens=tokens, seconds=seconds, student_sums=students)
 
     def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
         """Row indices of each micro-batch (algo.micro_batches); by token budget, every rank ends up
@@ -216,7 +223,7 @@ class LearnerWorker:
         out = grpo_loss(
             logprobs=logprobs,
             old_logprobs=old_logprobs,
-            advantages=mb["advantages"],
+            advantages=taught_advantages(mb, learner_old[index], shard.distill_coef or 0.0),
             mask=mb["completion_mask"] * mb["row_weights"][:, None],
             clip_low=s.clip_low,
             clip_high=s.clip_high,

@@ -8,7 +8,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from grpo_ray.algo.distill import distilled_advantages, merge_teachers
+from grpo_ray.algo.distill import (
+    StudentSums,
+    behaviour_logprobs,
+    distilled_advantages,
+    merge_teachers,
+    student_sums,
+    teacher_of_rows,
+)
 from grpo_ray.types import RolloutSlice, pad_and_stack
 
 
@@ -20,7 +27,6 @@ def concat_rows(
     pad_id: int,
     slopes: list[np.ndarray] | None = None,
     teachers: list[list[np.ndarray]] | None = None,
-    distill_coef: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """All rows of this rank's slices as tensors padded to one width (each array of a slice has the
     slice's width, so all come out equally wide).
@@ -28,7 +34,8 @@ def concat_rows(
     slopes (per-turn credit, LearnerShard.advantage_slopes): advantages become per token, each
     model token's row advantage less its slope x the reward earned before its turn.
     teachers (distillation): per teacher, its log-probs of each slice (NaN: rows it does not
-    teach); each taught model token's advantage less distill_coef x its reverse KL to the teacher."""
+    teach), merged into one [N, T] `teacher_logprobs` and `taught_by` (which teacher taught each
+    row); the learner's first pass turns them into advantages (taught_advantages)."""
     batch = {
         "input_ids": torch.from_numpy(pad_and_stack([s.input_ids for s in slices], pad_id)),
         "attention_mask": torch.from_numpy(pad_and_stack([s.attention_mask for s in slices], 0)),
@@ -46,11 +53,30 @@ def concat_rows(
         batch["advantages"] = batch["advantages"][:, None] - batch["turn_credit"]
     if teachers:
         merged = [merge_teachers([own[i] for own in teachers]) for i in range(len(slices))]
-        teacher = torch.from_numpy(pad_and_stack(merged, float("nan")))
-        batch["advantages"] = distilled_advantages(
-            batch["advantages"], batch["rollout_logprobs"], teacher, batch["completion_mask"], distill_coef
-        )
+        batch["teacher_logprobs"] = torch.from_numpy(pad_and_stack(merged, float("nan")))
+        by = [teacher_of_rows([own[i] for own in teachers]) for i in range(len(slices))]
+        batch["taught_by"] = torch.from_numpy(np.concatenate(by))
     return batch
+
+
+def taught_advantages(mb: dict[str, torch.Tensor], first_pass: torch.Tensor, coef: float) -> torch.Tensor:
+    """The micro-batch's advantages, with the teachers' term where it has teachers' log-probs: each
+    taught model token's less coef x (b_t - q_t), b_t from the learner's own first-pass log-probs
+    (`first_pass`) or, on a stale row, the rollout's (algo/distill.behaviour_logprobs)."""
+    if "teacher_logprobs" not in mb:
+        return mb["advantages"]
+    behaviour = behaviour_logprobs(first_pass, mb["rollout_logprobs"], mb["stale"])
+    return distilled_advantages(mb["advantages"], behaviour, mb["teacher_logprobs"], mb["completion_mask"], coef)
+
+
+def taught_sums(
+    mb: dict[str, torch.Tensor], first_pass: torch.Tensor, names: tuple[str, ...]
+) -> dict[str, StudentSums]:
+    """Per teacher, the student's side of its gaps on this micro-batch (the distill/* metrics the
+    learner reports): the same b_t as taught_advantages'."""
+    behaviour = behaviour_logprobs(first_pass, mb["rollout_logprobs"], mb["stale"]).float().cpu()
+    cpu = {key: mb[key].cpu() for key in ("teacher_logprobs", "completion_mask", "taught_by")}
+    return student_sums(behaviour, cpu["teacher_logprobs"], cpu["completion_mask"], cpu["taught_by"], names)
 
 
 def split_payload(

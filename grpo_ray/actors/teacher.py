@@ -136,7 +136,7 @@ class TeacherWorker:
             part = batch.select(rows)
             scores = self.scorer.score(part, temperature)
             out[rows] = scores.logprobs * part.completion_mask  # a failed row's NaN stays: untaught
-        sums = teacher_sums(batch.rollout_logprobs, out, batch.completion_mask)
+        sums = teacher_sums(out, batch.completion_mask)
         if scores is None or not scores.failed.any():
             return out, sums
         self._tell_failure(int(scores.failed.sum()), len(rows), scores.first_error)

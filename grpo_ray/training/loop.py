@@ -269,7 +269,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
         )
     distilled = cfg.use_distillation  # the teachers score the learners' slices (training/distill.py)
     with timer("teacher"):
-        teacher_refs = teach(workers, payloads, stage.temperature, run.recovery, cfg.distillation, extra)
+        taught = teach(workers, payloads, stage.temperature, run.recovery, cfg.distillation, extra)
     with timer("advantages"):
         advantages = group_advantages(train, a.advantage, a.normalize_by_std)
         advantages = rewards_signal(advantages, cfg.distillation.with_rewards)
@@ -292,7 +292,7 @@ def _train_step(run: Run, stage: StagePlan, step: int) -> dict[str, float] | Non
             while_running=lambda: run.builder.prefetch(lambda ahead: _sampling(cfg, stage, step + ahead), room),
             kl_coef=kl_coef if a.kl_in_loss else None,
             slopes=slopes,
-            teacher_refs=teacher_refs,
+            taught=taught,
             distill_coef=cfg.distillation.coef if distilled else None,
         )
     if cfg.rollout.max_staleness:  # what overlapped the update: batches generating beside it, and how many ended first

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from grpo_ray.algo.distill import student_metrics
 from grpo_ray.envs.failures import FAILURE_KINDS
 from grpo_ray.training.rows import StepRows
 from grpo_ray.types import LearnerStats
@@ -69,6 +70,9 @@ def step_metrics(
     metrics = generation_metrics(generated)
     for name in stats[0].metrics:
         metrics[name] = float(np.mean([s.metrics[name] for s in stats]))
+    names = dict.fromkeys(name for s in stats for name in s.student_sums)  # distillation's teachers
+    if names:  # the student's side of their gaps, over every rank's tokens
+        metrics.update(student_metrics({n: [s.student_sums[n] for s in stats if n in s.student_sums] for n in names}))
     metrics.update(timings)
     metrics["timing/step"] = step_seconds
     # What the step spent outside its timed phases: the driver's own orchestration.

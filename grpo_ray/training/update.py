@@ -27,6 +27,7 @@ from grpo_ray.cluster.placement import ClusterError, error_line
 from grpo_ray.cluster.roles import Workers
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.training.batch import StepBatch
+from grpo_ray.training.distill import Taught
 from grpo_ray.training.rows import StepRows, assemble_slices
 from grpo_ray.types import LearnerShard, LearnerStats
 
@@ -117,12 +118,12 @@ def run_update(
     while_running: Callable[[], None] | None = None,
     kl_coef: float | None = None,
     slopes: np.ndarray | None = None,
-    teacher_refs: list[list] | None = None,
+    taught: Taught | None = None,
     distill_coef: float | None = None,
 ) -> list[LearnerStats]:
     """One optimizer step on every rank; the loss normalisers count the whole step's loss rows.
-    teacher_refs (distillation, training/distill.py): per rank, the teachers' log-prob refs of its
-    slices, teacher by teacher; each token's advantage then moves by distill_coef x its reverse KL.
+    taught (distillation, training/distill.py): per rank, the teachers' log-prob refs of its slices,
+    teacher by teacher; each token's advantage then moves by distill_coef x its reverse KL.
 
     `while_running` is called once every rank has its call, before waiting for them: the driver's
     own work there (queueing the next batches' rollout) overlaps the update instead of delaying it.
@@ -149,13 +150,12 @@ def run_update(
                 kl_coef=kl_coef,
                 advantage_slopes=None if slopes is None else [cut(slopes, i) for i in mine],
                 distill_coef=distill_coef,
-                teachers=len(teacher_refs[rank]) // len(payloads[rank]) if teacher_refs else 0,
+                teachers=taught.names if taught else (),
             )
         )
     # Beside each rank's slices: their reference log-probs, then the teachers' (actors/learner_batch.split_payload).
     beside = [
-        (ref_refs[rank] if ref_refs else []) + (teacher_refs[rank] if teacher_refs else [])
-        for rank in range(len(shards))
+        (ref_refs[rank] if ref_refs else []) + (taught.refs[rank] if taught else []) for rank in range(len(shards))
     ]
     calls = workers.update(shards, payloads, beside)
     if while_running is not None:

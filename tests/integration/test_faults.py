@@ -141,12 +141,11 @@ def test_a_driver_killed_with_sigkill_resumes_exactly_where_it_was(tmp_path, req
     assert_same_steps(straight, uri, run.info.run_id)
     assert_taught(straight)
     assert per_step(uri, run.info.run_id, "eval/accuracy")[4] == straight.eval_accuracy[4]
-    if kind == "single-turn":
-        # The same final weights, bit for bit. Not so for episodes with a teacher: a turn is generated
-        # in one batch with whichever turns were ready then, and its rollout log-probs, which enter
-        # the teacher's term, move in their last bits with that company (its tokens do not), so two
-        # straight runs' weights differ too (up to ~2e-5 after 4 steps; without a teacher, not at all).
-        assert_same_weights(Path(straight.model_dir), b / "model")
+    # The same final weights, bit for bit, episodes too: the hf engine generates a turn in one batch
+    # with whichever turns were ready then, which moves its rollout log-probs in their last bits
+    # (~1e-8), but the teacher's term takes the learner's own log-probs of an on-policy row
+    # (algo/distill.behaviour_logprobs), never those.
+    assert_same_weights(Path(straight.model_dir), b / "model")
     # The run is complete: the same command again trains nothing.
     again = subprocess.run(command(b, *extra), cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "holds a run that finished at step 4" in again.stdout

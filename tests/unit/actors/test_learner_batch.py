@@ -65,6 +65,15 @@ def test_a_payload_carries_its_slices_then_reference_then_each_teachers_arrays()
     assert split_payload(("s0", "r0"), 1, 0) == (["s0"], ["r0"], None)
 
 
+def taught(batch, first_pass, coef, stale=None):
+    """The advantages the learner trains a whole batch on (as one micro-batch), given its first pass."""
+    from grpo_ray.actors.learner_batch import taught_advantages
+
+    rows = len(batch["advantages"])
+    batch["stale"] = torch.zeros(rows, dtype=torch.bool) if stale is None else torch.tensor(stale)
+    return taught_advantages(batch, torch.tensor(first_pass, dtype=torch.float32), coef).tolist()
+
+
 def test_each_slices_rows_take_their_teachers_signal():
     from grpo_ray.actors.learner_batch import concat_rows
     from grpo_ray.actors.slices import pack_slice
@@ -74,22 +83,24 @@ def test_each_slices_rows_take_their_teachers_signal():
     completion = Completion(token_ids=(5, 6), logprobs=(-1.0, -2.0), text="x", finish_reason="stop")
     one, two = pack_slice([(0, prompt, completion)], 0, 0), pack_slice([(1, prompt, completion)], 0, 0)
     nan = float("nan")
-    # Teacher a teaches slice one's row, teacher b slice two's: the gaps are -1 - (-0.5) and -2 - (-3).
+    # Teacher a teaches slice one's row, teacher b slice two's.
     a = [np.array([[0, 0, -0.5, -3.0]], np.float32), np.full((1, 4), nan, np.float32)]
     b = [np.full((1, 4), nan, np.float32), np.array([[0, 0, -2.0, -1.0]], np.float32)]
     ones = [np.ones(1), np.ones(1)]
-    batch = concat_rows(
-        [one, two], [np.array([0.25]), np.array([0.0])], ones, None, 0, teachers=[a, b], distill_coef=0.5
-    )
-    # Row 0: 0.25 - 0.5 x (-0.5) = 0.5 and 0.25 - 0.5 x 1 = -0.25; row 1: -0.5 x 1 and -0.5 x (-1).
-    assert batch["advantages"].tolist() == [[0.25, 0.25, 0.5, -0.25], [0.0, 0.0, -0.5, 0.5]]
+    batch = concat_rows([one, two], [np.array([0.25]), np.array([0.0])], ones, None, 0, teachers=[a, b])
+    assert batch["taught_by"].tolist() == [0, 1]
+    assert batch["advantages"].tolist() == [0.25, 0.0]  # the term waits for the learner's first pass
+    # The learner's own log-probs of the sampled tokens (not the rollout's -1 and -2): -1.25 and -1.5
+    # on both rows. Gaps row 0: -1.25 - (-0.5) = -0.75 and -1.5 - (-3) = 1.5; row 1: 0.75 and -0.5.
+    first_pass = [[0, 0, -1.25, -1.5], [0, 0, -1.25, -1.5]]
+    assert taught(batch, first_pass, 0.5) == [[0.25, 0.25, 0.625, -0.5], [0.0, 0.0, -0.375, 0.25]]
 
 
 def test_an_environments_reply_takes_no_teacher_term():
     from grpo_ray.actors.episodes import Episode, episode_sample
-    from grpo_ray.actors.learner_batch import concat_rows
+    from grpo_ray.actors.learner_batch import concat_rows, taught_sums
     from grpo_ray.actors.slices import pack_samples
-    from grpo_ray.algo.distill import teacher_sums
+    from grpo_ray.algo.distill import StudentSums, teacher_sums
     from grpo_ray.envs.episode import EpisodeTokens
     from grpo_ray.types import Prompt
 
@@ -103,43 +114,39 @@ def test_an_environments_reply_takes_no_teacher_term():
     # A teacher's log-prob at every column, the prompt's and the reply's too: only the model's three
     # tokens take its signal.
     teacher = np.array([[-8.0, -8.0, -0.75, -0.5, -8.0, -1.75]], np.float32)
-    batch = concat_rows([episode], [np.array([0.5])], [np.ones(1)], None, 0, teachers=[[teacher]], distill_coef=1.0)
+    batch = concat_rows([episode], [np.array([0.5])], [np.ones(1)], None, 0, teachers=[[teacher]])
+    # The learner's first pass agrees with the rollout here: -0.25, -0.5, -0.75 on the model's tokens.
+    first_pass = [[-9.0, -9.0, -0.25, -0.5, -9.0, -0.75]]
     # Turn 1: 0.5 - (-0.25 + 0.75) = 0 and 0.5 - 0 = 0.5; turn 2: 0.5 - (-0.75 + 1.75) = -0.5.
     # The prompt and the reply keep the row's 0.5, though the teacher gave them -8.
-    assert batch["advantages"].tolist() == [[0.5, 0.5, 0.0, 0.5, 0.5, -0.5]]
+    assert taught(batch, first_pass, 1.0) == [[0.5, 0.5, 0.0, 0.5, 0.5, -0.5]]
     # Its metrics count the same three tokens: teacher -3, student -1.5, gaps 0.5 + 0 + 1.
-    sums = teacher_sums(episode.rollout_logprobs, teacher, episode.completion_mask)
-    assert (sums.tokens, sums.rows, sums.teacher_logprob, sums.student_logprob, sums.reverse_kl) == (
-        3,
-        1,
-        -3.0,
-        -1.5,
-        1.5,
-    )
+    sums = teacher_sums(teacher * episode.completion_mask, episode.completion_mask)
+    assert (sums.tokens, sums.rows, sums.teacher_logprob) == (3, 1, -3.0)
+    student = taught_sums(batch, torch.tensor(first_pass), ("t",))
+    assert student == {"t": StudentSums(reverse_kl=1.5, student_logprob=-1.5, tokens=3)}
 
 
-def test_the_teachers_gap_is_to_the_log_probs_that_sampled_the_row():
+def test_the_teachers_gap_is_to_the_weights_that_sampled_the_row():
     from grpo_ray.actors.learner_batch import concat_rows, split_payload
     from grpo_ray.actors.slices import pack_slice
     from grpo_ray.types import Completion, Prompt
 
-    # A pipelined row: sampled by weights version 2 (their log-probs -1 and -2 recorded with it) and
-    # trained at a later step, with the KL term's reference log-probs in the payload before the
-    # teacher's, as train_step receives them. The behaviour log-probs are the row's own, neither
-    # the reference's nor anything the learner computes now.
+    # A row sampled by weights version 2 (their log-probs -1 and -2 recorded with it), with the KL
+    # term's reference log-probs in the payload before the teacher's, as train_step receives them.
     prompt = Prompt(uid=0, text="q", token_ids=(1, 2), answer="a")
     completion = Completion(token_ids=(5, 6), logprobs=(-1.0, -2.0), text="x", finish_reason="stop")
-    stale = pack_slice([(0, prompt, completion)], pad_id=0, policy_version=2)
+    row = pack_slice([(0, prompt, completion)], pad_id=0, policy_version=2)
     reference = np.array([[0, 0, -4.0, -4.0]], np.float32)
-    same = np.array([[0, 0, -1.0, -2.0]], np.float32)  # a teacher equal to the weights that sampled it
-    other = np.array([[0, 0, -1.5, -1.0]], np.float32)
-
-    def advantages(teacher):
-        slices, refs, teachers = split_payload((stale, reference, teacher), 1, 1)
-        batch = concat_rows(slices, [np.array([0.25])], [np.ones(1)], refs, 0, teachers=teachers, distill_coef=1.0)
-        assert batch["ref_logprobs"].tolist() == reference.tolist()
-        return batch["advantages"].tolist()
-
-    assert advantages(same) == [[0.25] * 4]  # no gap: nothing to move
-    # Gaps -1 - (-1.5) = 0.5 and -2 - (-1) = -1: 0.25 - 0.5 and 0.25 + 1.
-    assert advantages(other) == [[0.25, 0.25, -0.25, 1.25]]
+    teacher = np.array([[0, 0, -1.5, -1.0]], np.float32)
+    slices, refs, teachers = split_payload((row, reference, teacher), 1, 1)
+    batch = concat_rows(slices, [np.array([0.25])], [np.ones(1)], refs, 0, teachers=teachers)
+    assert batch["ref_logprobs"].tolist() == reference.tolist()
+    # The learner's first pass gives -1.25 and -3.0. Trained at the step after the one that sampled
+    # it (on-policy), its weights are the ones that sampled it: the gaps are its own, -1.25 - (-1.5)
+    # = 0.25 and -3 - (-1) = -2, however the rollout engine's kernels rounded them.
+    first_pass = [[0, 0, -1.25, -3.0]]
+    assert taught(batch, first_pass, 1.0) == [[0.25, 0.25, 0.0, 2.25]]
+    # Trained later (pipelined: stale), the learner no longer holds those weights: the gaps are the
+    # rollout's record against the teacher, -1 - (-1.5) = 0.5 and -2 - (-1) = -1: 0.25 - 0.5, 0.25 + 1.
+    assert taught(batch, first_pass, 1.0, stale=[True]) == [[0.25, 0.25, -0.25, 1.25]]

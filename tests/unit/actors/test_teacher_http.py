@@ -21,7 +21,7 @@ import pytest
 from grpo_ray.actors.http_teacher import TeacherServerError, row_logprobs
 from grpo_ray.actors.slices import pack_slice
 from grpo_ray.actors.teacher import TeacherWorker
-from grpo_ray.algo.distill import distill_metrics, teacher_failure
+from grpo_ray.algo.distill import teacher_failure, teacher_metrics
 from grpo_ray.cluster.settings import teacher_settings
 from grpo_ray.config import config_from_dict, plan_batches
 from grpo_ray.types import Completion, Prompt
@@ -189,7 +189,7 @@ def test_a_row_that_fails_after_its_retries_is_untaught_counted_and_said_once(se
     )
     teacher.logprobs(batch, 1.0)
     assert capfd.readouterr().err == "", "said once, then only counted"
-    assert distill_metrics({"far": [sums]})["distill/far/failed_rows"] == 3.0
+    assert teacher_metrics({"far": [sums]})["distill/far/failed_rows"] == 3.0
 
 
 def test_each_kind_of_failure_is_a_line_of_its_own(server):
