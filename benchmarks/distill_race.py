@@ -2,11 +2,16 @@
 
     bash scripts/setup.sh
     .venv/bin/python benchmarks/distill_race.py --json benchmarks/results/distill_race.json
+    bash scripts/make_smollm2_teacher.sh   # once, ~10 minutes
+    .venv/bin/python benchmarks/distill_race.py --real --steps 20 --eval-every 5 \
+        --json benchmarks/results/distill_race_smollm2.json
 
 The student is the built-in tiny model; the teacher is `tiny-teacher`, the same model trained by
-GRPO (scripts/make_tiny_teacher.sh). Each side trains configs/tiny-distill.yaml's student with the
-same seed, prompts, batch, learning rate and evaluation (the 500 held-out sums, greedy, before the
-first step and every --eval-every steps); the sides differ only in their signal:
+GRPO (scripts/make_tiny_teacher.sh). With --real, the student is the real SmolLM2-135M-Instruct
+and its teacher the same model after 40 GRPO steps (configs/smollm2-distill.yaml). Each side
+trains the recipe's student with the same seed, prompts, batch, learning rate and evaluation (the
+held-out prompts, greedy, before the first step and every --eval-every steps); the sides differ
+only in their signal:
 
     grpo            the rewards' GRPO advantage alone (no distillation section)
     distill         the teacher's per-token reverse KL alone (distillation.with_rewards: false)
@@ -32,19 +37,30 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RECIPE = ROOT / "configs" / "tiny-distill.yaml"
+# recipe, its teacher (as `grpo-ray eval --set model.path=` takes it), the model's name in the
+# table, and what the GRPO side sets beside leaving the teacher out: smollm2-distill.yaml's learning
+# rate is distillation's, twice GRPO's (each side at the rate tuned for it).
+RACES = {
+    "tiny": ("configs/tiny-distill.yaml", "tiny-teacher", "tiny model", []),
+    "real": (
+        "configs/smollm2-distill.yaml",
+        "runs/smollm2-teacher/model",
+        "SmolLM2-135M-Instruct",
+        ["learner.lr=1e-5"],
+    ),
+}
 SIDES = {
-    "grpo": ["distillation.teachers=[]"],
+    "grpo": ["distillation.teachers=[]", "distillation.with_rewards=true"],
     "distill": ["distillation.with_rewards=false"],
     "distill+grpo": ["distillation.with_rewards=true"],
 }
 
 
-def train(name: str, work: Path, sets: list[str], steps: int, eval_every: int) -> dict:
+def train(recipe: str, name: str, work: Path, sets: list[str], steps: int, eval_every: int) -> dict:
     """Train the recipe with these overrides; the held-out curve from MLflow, timed from the launch."""
     out = work / name
     args = [f"output_dir={out}", f"train.steps={steps}", f"train.eval_every={eval_every}", *sets]
-    command = [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE)] + [a for s in args for a in ("--set", s)]
+    command = [sys.executable, "-m", "grpo_ray.cli", "train", recipe] + [a for s in args for a in ("--set", s)]
     launched = time.time()
     with (work / f"{name}.log").open("w") as log:
         done = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -68,6 +84,7 @@ def train(name: str, work: Path, sets: list[str], steps: int, eval_every: int) -
         "seconds_per_step": sum(step_seconds) / len(step_seconds),
         "teacher_seconds_per_step": sum(teacher_seconds) / len(teacher_seconds) if teacher_seconds else 0.0,
         "wall_seconds": wall,
+        "overrides": sets,
     }
 
 
@@ -89,7 +106,7 @@ def summarize(sides: dict, target: float) -> dict:
 def markdown(found: dict) -> str:
     fmt = lambda pair: "not reached" if pair[0] is None else f"step {pair[0]}, {pair[1]:.0f} s"  # noqa: E731
     lines = [
-        f"# Distillation beside GRPO alone, tiny model ({found['date']}, {found['machine']})",
+        f"# Distillation beside GRPO alone, {found['model']} ({found['date']}, {found['machine']})",
         "",
         f"{found['steps']} steps of {found['recipe']}, held-out accuracy every {found['eval_every']} steps; "
         f"the teacher ({found['teacher']}) alone scores {found['teacher_accuracy']}.",
@@ -104,15 +121,23 @@ def markdown(found: dict) -> str:
             f"{fmt(side['to_grpo_final'])} | {fmt(side['to_target'])} | {side['seconds_per_step']:.2f} "
             f"({side['teacher_seconds_per_step']:.2f}) |"
         )
+    overrides = "; ".join(f"{name}: {', '.join(side['overrides'])}" for name, side in found["sides"].items())
+    lines += ["", f"Each side's overrides of the recipe: {overrides}."]
     return "\n".join(lines) + "\n"
 
 
-def teacher_accuracy() -> str:
+def resolved(teacher: str) -> str:
+    """A built-in model's name as it is; a folder of the repository as an absolute path (a recipe
+    resolves relative paths against its own folder)."""
+    return str(ROOT / teacher) if "/" in teacher else teacher
+
+
+def teacher_accuracy(recipe: str, teacher: str) -> str:
     """The teacher's own held-out accuracy, as the recipe's evaluation measures it (greedy)."""
     with tempfile.TemporaryDirectory() as work:
         command = [
-            sys.executable, "-m", "grpo_ray.cli", "eval", "--config", str(RECIPE), "--set", "model.path=tiny-teacher",
-            "--set", f"output_dir={work}",
+            sys.executable, "-m", "grpo_ray.cli", "eval", "--config", recipe,
+            "--set", f"model.path={resolved(teacher)}", "--set", f"output_dir={work}",
         ]  # fmt: skip
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     line = next((line for line in done.stdout.splitlines() if "accuracy" in line), done.stdout.strip()[-200:])
@@ -125,21 +150,27 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--target", type=float, default=0.4, help="a second accuracy to time each side to")
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated, of " + ", ".join(SIDES))
+    parser.add_argument("--real", action="store_true", help="SmolLM2-135M-Instruct and its GRPO-trained teacher")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "distill_race.json")
     args = parser.parse_args()
+    recipe, teacher, model, grpo_sets = RACES["real" if args.real else "tiny"]
+    if args.real and not (ROOT / teacher).is_dir():
+        sys.exit(f"error: no teacher at {ROOT / teacher}: make it first with bash scripts/make_smollm2_teacher.sh")
     sides = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for name in args.sides.split(","):
             print(f"{name}: training {args.steps} steps", flush=True)
-            sides[name] = train(name, work, SIDES[name], args.steps, args.eval_every)
+            sets = SIDES[name] + (grpo_sets if name == "grpo" else [])
+            sides[name] = train(recipe, name, work, sets, args.steps, args.eval_every)
             print(f"{name}: {sides[name]['curve'][0][2]:.3f} -> {sides[name]['curve'][-1][2]:.3f}", flush=True)
     found = {
         "date": date.today().isoformat(),
         "machine": f"{os.cpu_count()}-core {platform.machine()} CPU",
-        "recipe": "configs/tiny-distill.yaml",
-        "teacher": "tiny-teacher",
-        "teacher_accuracy": teacher_accuracy(),
+        "model": model,
+        "recipe": recipe,
+        "teacher": teacher,
+        "teacher_accuracy": teacher_accuracy(recipe, teacher),
         "steps": args.steps,
         "eval_every": args.eval_every,
         **summarize(sides, args.target),
