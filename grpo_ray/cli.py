@@ -178,8 +178,11 @@ def train(config: str, overrides: tuple[str, ...], resume: bool | None, verbose:
 
     interrupts.install()
 
+    from grpo_ray.training.startup import process_start
+
     click.echo(f"grpo-ray: training {config}")
-    result = run_training(cfg, resume={None: "auto", True: "require", False: "never"}[resume])
+    resume_mode = {None: "auto", True: "require", False: "never"}[resume]
+    result = run_training(cfg, resume=resume_mode, launched=process_start())
     click.echo(f"MLflow run {result.run_id}: {result.tracking_uri}")
 
 

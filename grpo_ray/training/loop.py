@@ -41,14 +41,7 @@ from grpo_ray.cluster.roles import start_workers
 from grpo_ray.cluster.session import ray_session
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
-from grpo_ray.config import (
-    Config,
-    StagePlan,
-    plan_batches,
-    plan_stages,
-    prefetch_room,
-    total_steps,
-)
+from grpo_ray.config import Config, StagePlan, plan_batches, plan_stages, prefetch_room, total_steps
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
 from grpo_ray.training import interrupts
@@ -69,25 +62,30 @@ from grpo_ray.training.opening import (
     report_inputs,
     report_placement,
     report_session,
+    report_startup,
     report_sync,
     report_yardstick,
 )
 from grpo_ray.training.resume import already_finished, checkpoint, restore, resume_hint
 from grpo_ray.training.run import PhaseTimer, Progress, Run, TrainResult
 from grpo_ray.training.sample_table import sample_rows
+from grpo_ray.training.startup import StartupClock
 from grpo_ray.training.update import group_advantages, reference_signal, learner_payloads, run_update, turn_slopes
 from grpo_ray.types import SamplingSettings
 
 __all__ = ["NonFiniteUpdateError", "NothingToLearnError", "RewardFailureError", "TrainResult", "train"]
 
 
-def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "auto") -> TrainResult:
+def train(
+    cfg: Config, console: ConsoleReporter | None = None, resume: str = "auto", launched: float | None = None
+) -> TrainResult:
     """Run the recipe; resume: "auto" (from the newest checkpoint in output_dir if any), "require"
-    (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside)."""
+    (--resume) or "never" (--no-resume: start over, the old checkpoints moved aside); launched: when
+    the run was asked for (the CLI's process start; None: now), where its start-up table begins."""
+    clock = StartupClock.started(launched)  # training/startup.py: each phase until the first step
     plan_batches(cfg)
-    inputs = preflight(
-        cfg, connect=False
-    ).inputs  # what the run needs (training/preflight.py), before any Ray or MLflow run
+    inputs = preflight(cfg, connect=False).inputs  # what the run needs, before any Ray or MLflow run
+    clock.mark("checks")
     output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
     checkpoints = output_dir / "checkpoints"
@@ -102,11 +100,14 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
         console.close()
         return result
     tracker = open_tracker(cfg, state, console)
+    clock.mark("mlflow")
     report_inputs(inputs, resume_from, state, console)
     try:
         with tracker.ending(), ray_session(cfg.ray, console.info) as session:
+            clock.mark("ray")
             report_session(session, console)
             workers = start_workers(cfg, plan_batches(cfg))
+            clock.mark("actors")
             tracker.set_tags(
                 {"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"}
             )
@@ -115,7 +116,10 @@ def train(cfg: Config, console: ConsoleReporter | None = None, resume: str = "au
             report_sync(run.sync, console)
             if cfg.weight_sync.measure_raw_broadcast:
                 report_yardstick(run, state.step if state else 0)
+            clock.mark("weight_sync")
             progress = restore(run, resume_from, state) if state else _start(run)
+            clock.mark("restore" if state else "eval")
+            report_startup(clock, progress.step, tracker, console)
             try:
                 return _loop(run, progress)
             except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on

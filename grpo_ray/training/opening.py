@@ -9,6 +9,7 @@ from grpo_ray.config import Config, config_to_dict, flatten
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker, default_tracking_uri, redact_config
 from grpo_ray.training.checkpoint import TrainerState
 from grpo_ray.training.inputs import RunInputs
+from grpo_ray.training.startup import StartupClock
 from grpo_ray.transport.probe import SEPARATION
 
 
@@ -89,3 +90,11 @@ def report_yardstick(run, step: int) -> None:
     run.console.info(
         f"weight sync yardstick: a plain {plain} of the model's {sync.num_bytes / 1e6:.1f} MB runs at {raw:.2f} GB/s"
     )
+
+
+def report_startup(clock: StartupClock, step: int, tracker: MlflowTracker, console: ConsoleReporter) -> None:
+    """The start-up's phases: one console line, startup/* metrics at the step the run starts from,
+    and the table (startup.json; a resumed run's startup-step-<N>.json beside the first's)."""
+    console.info(clock.line())
+    tracker.log_metrics(step, clock.metrics())
+    tracker.log_table(clock.rows(), "startup.json" if step == 0 else f"startup-step-{step}.json")

@@ -123,6 +123,16 @@ def test_the_first_run(reader):
     assert max(m.value for m in client.get_metric_history(run_info.info.run_id, "mismatch/abs_diff_max")) < 1e-4
     eval_accuracy = {m.step: m.value for m in client.get_metric_history(run_info.info.run_id, "eval/accuracy")}
     assert eval_accuracy[0] == pytest.approx(start) and eval_accuracy[200] == pytest.approx(end)
+    # The start-up, phase by phase from the command's launch (issue 55): one line before step 1, and
+    # the same seconds in MLflow, the phases adding up to the total.
+    said = re.search(r"^start-up: ([0-9.]+) s to the first step \((.*)\)$", out, re.M)
+    assert said and out.index(said.group(0)) < out.index("step 1/200"), out[:3000]
+    phases = {name: float(seconds) for name, seconds in (part.split() for part in said.group(2).split(", "))}
+    assert list(phases) == ["launch", "checks", "mlflow", "ray", "actors", "weight_sync", "eval"]
+    assert phases["launch"] > 0.5 and phases["actors"] > 1  # the interpreter's imports; the actors' models
+    logged = client.get_run(run_info.info.run_id).data.metrics
+    assert logged["startup/total"] == pytest.approx(float(said.group(1)), abs=0.05)
+    assert sum(logged[f"startup/{name}"] for name in phases) == pytest.approx(logged["startup/total"])
 
 
 def test_validate_and_eval(reader):
