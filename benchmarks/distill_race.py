@@ -35,6 +35,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from recorded import history, training_run
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 # recipe, its teacher (as `grpo-ray eval --set model.path=` takes it), the model's name in the
@@ -67,20 +69,12 @@ def train(recipe: str, name: str, work: Path, sets: list[str], steps: int, eval_
     wall = time.time() - launched
     if done.returncode != 0:
         sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
-
-    def history(key: str) -> list:
-        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-
-    step_seconds = [m.value for m in history("timing/step")]
-    teacher_seconds = [m.value for m in history("timing/teacher")]
+    client, run = training_run(f"sqlite:///{out / 'mlflow.db'}")
+    step_seconds = [m.value for m in history(client, run, "timing/step")]
+    teacher_seconds = [m.value for m in history(client, run, "timing/teacher")]
     return {
-        "curve": [(m.timestamp / 1000 - launched, m.step, m.value) for m in history("eval/accuracy")],
-        "reverse_kl": [(m.step, m.value) for m in history("distill/reverse_kl")],
+        "curve": [(m.timestamp / 1000 - launched, m.step, m.value) for m in history(client, run, "eval/accuracy")],
+        "reverse_kl": [(m.step, m.value) for m in history(client, run, "distill/reverse_kl")],
         "seconds_per_step": sum(step_seconds) / len(step_seconds),
         "teacher_seconds_per_step": sum(teacher_seconds) / len(teacher_seconds) if teacher_seconds else 0.0,
         "wall_seconds": wall,

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from recorded import history, training_run
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RECIPE = ROOT / "configs" / "smollm2-arithmetic.yaml"
@@ -91,18 +93,9 @@ def grpo_ray_side(name: str, work: Path, sets: list[str], steps: int, eval_every
     wall = time.time() - launched
     if done.returncode != 0:
         sys.exit(f"error: {name} failed (exit {done.returncode}); its output is in {work / f'{name}.log'}")
-    from mlflow.tracking import MlflowClient
-
-    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x only reads a file store when asked
-    client = MlflowClient(tracking)
-    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
-
-    def history(key: str):
-        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-
-    curve = [(m.timestamp / 1000 - launched, m.step, m.value) for m in history("eval/accuracy")]
-    step_seconds = [m.value for m in history("timing/step")]
+    client, run = training_run(tracking)
+    curve = [(m.timestamp / 1000 - launched, m.step, m.value) for m in history(client, run, "eval/accuracy")]
+    step_seconds = [m.value for m in history(client, run, "timing/step")]
     steady = step_seconds[2:] or step_seconds
     per_step = sum(steady) / len(steady)
     return {"curve": curve, "seconds_per_step": per_step, "samples_per_s": 64 / per_step, "wall_seconds": wall}

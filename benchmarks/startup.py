@@ -24,6 +24,8 @@ import time
 from datetime import date
 from pathlib import Path
 
+from recorded import training_run
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RECIPE = ROOT / "configs" / "tiny.yaml"
@@ -41,10 +43,7 @@ def one_run(work: Path, engine: str, index: int) -> dict[str, float]:
         sys.exit(
             f"error: {engine} run {index} failed (exit {done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}"
         )
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("grpo-ray").experiment_id])
+    _, run = training_run(f"sqlite:///{out / 'mlflow.db'}")
     phases = {k.removeprefix("startup/"): v for k, v in run.data.metrics.items() if k.startswith("startup/")}
     line = next(line for line in done.stdout.splitlines() if line.startswith("start-up:"))
     print(f"{engine} {index}: {line}", flush=True)
