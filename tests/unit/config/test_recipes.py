@@ -45,6 +45,8 @@ def test_the_expected_recipes_are_shipped():
         "tldr.yaml",
         "smollm2-arithmetic.yaml",
         "smollm2-tools.yaml",
+        "tiny-distill.yaml",
+        "smollm2-distill.yaml",
     } <= {p.name for p in RECIPES}
 
 
@@ -302,3 +304,20 @@ def test_uncommented_keys_on_a_hand_example():
 )
 def test_every_field_has_a_comment_directly_above(path):
     assert uncommented_keys(path.read_text()) == []
+
+
+def test_the_real_model_distillation_recipe_reads_the_teacher_its_script_makes():
+    cfg = load_config(CONFIGS / "smollm2-distill.yaml")
+    (teacher,) = cfg.distillation.teachers
+    script = (REPO / "scripts" / "make_smollm2_teacher.sh").read_text()
+    made = REPO / re.search(r"\$\{1:-(\S+)\}", script).group(1) / "model"
+    assert Path(teacher.model_path).resolve() == made.resolve()
+    # The teacher is the arithmetic recipe trained longer: the same model, prompts and reward.
+    arithmetic = load_config(CONFIGS / "smollm2-arithmetic.yaml")
+    assert "configs/smollm2-arithmetic.yaml" in script
+    assert (cfg.model.path, cfg.data.train_files, cfg.reward.functions) == (
+        arithmetic.model.path,
+        arithmetic.data.train_files,
+        arithmetic.reward.functions,
+    )
+    assert not cfg.distillation.with_rewards
