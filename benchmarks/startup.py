@@ -36,7 +36,7 @@ def one_run(work: Path, engine: str, index: int) -> dict[str, float]:
     """One launch to its first step: the startup/* metrics it logged, and the wall seconds to its end."""
     out = work / f"{engine}-{index}"
     sets = [f"output_dir={out}", "train.steps=1", *ENGINES[engine]]
-    command = [str(ROOT / ".venv" / "bin" / "grpo-ray"), "train", str(RECIPE)] + [a for s in sets for a in ("--set", s)]
+    command = [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE)] + [a for s in sets for a in ("--set", s)]
     launched = time.time()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
