@@ -25,7 +25,6 @@ the accuracy GRPO alone ends with (and --target), as JSON and a table beside it 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import subprocess
@@ -35,7 +34,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from recorded import history, training_run
+from recorded import history, training_run, write_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -170,11 +169,7 @@ def main() -> None:
         **summarize(sides, args.target),
         "sides": sides,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(found, indent=1) + "\n")
-    table = markdown(found)
-    args.json.with_suffix(".md").write_text(table)
-    print(table)
+    write_results(args.json, found, markdown(found))
 
 
 if __name__ == "__main__":

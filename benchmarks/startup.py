@@ -13,7 +13,6 @@ median (min-max) seconds and writes them as JSON. Issue 55's aim on a 2-core mac
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,7 +23,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from recorded import training_run
+from recorded import training_run, write_results
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -98,11 +97,7 @@ def main() -> None:
         for engine in args.engines.split(","):
             runs = [one_run(Path(tmp), engine, i) for i in range(args.runs)]
             found["engines"][engine] = {"runs": runs, "summary": summary(runs)}
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(found, indent=1) + "\n")
-    table = markdown(found)
-    args.json.with_suffix(".md").write_text(table)
-    print(table)
+    write_results(args.json, found, markdown(found))
 
 
 if __name__ == "__main__":
