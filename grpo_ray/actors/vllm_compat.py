@@ -27,14 +27,17 @@ from __future__ import annotations
 import inspect
 import uuid
 
-from vllm.distributed.weight_transfer.base import (
+from grpo_ray.config import vllm_args
+from grpo_ray.models.transformers_import import without_sklearn
+
+without_sklearn()  # before vLLM's import reaches transformers' generation code
+
+from vllm.distributed.weight_transfer.base import (  # noqa: E402
     WeightTransferEngine,
     WeightTransferInitRequest,
     WeightTransferUpdateRequest,
 )
-from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-
-from grpo_ray.config import vllm_args
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory  # noqa: E402
 
 __all__ = [
     "WeightTransferEngine",

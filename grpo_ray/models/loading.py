@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from grpo_ray.errors import ModelLoadError, first_line  # noqa: F401 (ModelLoadError: imported from here)
+from grpo_ray.models.transformers_import import without_sklearn
 from grpo_ray.types import WeightSpec
 
 from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TEACHER, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
@@ -41,6 +42,7 @@ def resolve_model_path(path: str) -> str:
 
 
 def load_tokenizer(path: str):
+    without_sklearn()
     from transformers import AutoTokenizer
 
     resolved = resolve_model_path(path)
@@ -65,6 +67,7 @@ def load_causal_lm(
     """The model at `path`; `config_overrides` are set on its config first (e.g. YaRN rope scaling).
     `quantization` ("4bit" | "8bit"): loaded through bitsandbytes, on this process's device and
     prepared for adapter training (models/quantization.py)."""
+    without_sklearn()
     from transformers import AutoConfig, AutoModelForCausalLM
 
     resolved = resolve_model_path(path)
