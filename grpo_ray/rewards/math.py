@@ -21,20 +21,31 @@ per process saying its timeout is disabled; that is expected.
 from __future__ import annotations
 
 import re
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+from types import ModuleType
 
 # A \boxed or \fbox command, not a longer macro name such as \boxedanswer.
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
-# Extraction for an unboxed final line: LaTeX first ("$\frac{1}{2}$"), then plain expressions
-# ("the answer is 82"). math-verify takes the rightmost match, i.e. the line's final expression.
-_UNBOXED_EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
 
 # Timeouts off (see module docstring); raise_on_error so that a math-verify failure becomes a
 # None score instead of being silently swallowed into a 0.
 _PARSE_KWARGS = {"parsing_timeout": None, "raise_on_error": True}
 _VERIFY_KWARGS = {"timeout_seconds": None, "raise_on_error": True}
+
+
+def _math_verify() -> ModuleType:
+    """math-verify, imported where answers are scored: it brings sympy (0.3 s), and the driver,
+    which imports this module with the reward actor's class, scores nothing."""
+    import math_verify
+
+    return math_verify
+
+
+def _unboxed_extraction() -> list:
+    """Extraction for an unboxed final line: LaTeX first ("$\\frac{1}{2}$"), then plain expressions
+    ("the answer is 82"). math-verify takes the rightmost match, i.e. the line's final expression."""
+    mv = _math_verify()
+    return [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
 
 
 def _braced_group(text: str, start: int) -> str | None:
@@ -100,7 +111,7 @@ def _parse_gold(answer: str) -> list:
     answer = str(answer).strip()
     if "\\boxed" not in answer and "$" not in answer:
         answer = f"\\boxed{{{answer}}}"
-    return parse(answer, **_PARSE_KWARGS)
+    return _math_verify().parse(answer, **_PARSE_KWARGS)
 
 
 def _parse_prediction(answer_text: str, accept_unboxed: bool) -> list:
@@ -108,13 +119,13 @@ def _parse_prediction(answer_text: str, accept_unboxed: bool) -> list:
     boxed = last_boxed_answer(answer_text)
     if boxed is not None:
         # Re-box the extracted content so math-verify applies its boxed-answer normalisation.
-        return parse(f"\\boxed{{{boxed}}}", **_PARSE_KWARGS)
+        return _math_verify().parse(f"\\boxed{{{boxed}}}", **_PARSE_KWARGS)
     if not accept_unboxed:
         return []
     lines = [line for line in answer_text.splitlines() if line.strip()]
     if not lines:
         return []
-    return parse(lines[-1], extraction_config=list(_UNBOXED_EXTRACTION), **_PARSE_KWARGS)
+    return _math_verify().parse(lines[-1], extraction_config=_unboxed_extraction(), **_PARSE_KWARGS)
 
 
 def _score_one(completion: str, gold: list, *, require_think_close: bool, accept_unboxed: bool) -> float | None:
@@ -125,7 +136,7 @@ def _score_one(completion: str, gold: list, *, require_think_close: bool, accept
         if not predicted:
             return 0.0
         # Gold first: math-verify's comparison is not symmetric (e.g. gold sets vs intervals).
-        return 1.0 if verify(gold, predicted, **_VERIFY_KWARGS) else 0.0
+        return 1.0 if _math_verify().verify(gold, predicted, **_VERIFY_KWARGS) else 0.0
     except Exception:  # noqa: BLE001 - any math-verify failure means "could not score"
         return None
 

@@ -6,6 +6,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import math_verify
 import pytest
 
 import grpo_ray.rewards.math as math_module
@@ -135,14 +136,14 @@ def test_unparseable_gold_scores_none(gold):
 
 
 def test_math_verify_exception_scores_none_for_that_completion_only(monkeypatch):
-    real_verify = math_module.verify
+    real_verify = math_verify.verify
 
     def flaky_verify(gold, predicted, **kwargs):
         if any(str(p) == "666" for p in predicted):
             raise RuntimeError("sympy blew up")
         return real_verify(gold, predicted, **kwargs)
 
-    monkeypatch.setattr(math_module, "verify", flaky_verify)
+    monkeypatch.setattr(math_verify, "verify", flaky_verify)
     scores = math_reward([r"\boxed{4}", r"\boxed{666}", r"\boxed{5}"], [""] * 3, ["4"] * 3)
     assert scores == [1.0, None, 0.0]
 
