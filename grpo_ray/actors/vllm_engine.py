@@ -58,7 +58,7 @@ from grpo_ray.actors.vllm_compat import (
     token_prompt,
     transfer_requests,
 )
-from grpo_ray.actors.vllm_cpu import memory_and_scheduling, shard_threads
+from grpo_ray.actors.vllm_cpu import memory_and_scheduling, shard_threads, uncompiled_helpers
 from grpo_ray.actors.vllm_requests import Requests
 from grpo_ray.actors.vllm_transfer import BACKEND
 from grpo_ray.quiet import children_print_to, verbose
@@ -122,8 +122,12 @@ class VllmEngine:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
         self._thread.start()
-        # Read by the processes the engine starts: their threads, and where they print.
-        with shard_threads(tensor_parallel_size), children_print_to(processes_output):
+        # Read by the processes the engine starts: their threads, what they compile, where they print.
+        with (
+            shard_threads(tensor_parallel_size),
+            uncompiled_helpers(enforce_eager),
+            children_print_to(processes_output),
+        ):
             self.llm = self._run(self._start(engine_args(BACKEND, EXTENSION, **kwargs)))
 
     async def _start(self, args):
