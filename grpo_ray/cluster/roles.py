@@ -301,13 +301,15 @@ def start_reward_model(cfg: Config, placement: Placement, resources: RoleResourc
 
 
 def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
-    """Reserve the whole plan, start every actor, wait until all constructors finished."""
+    """Reserve the whole plan and start every actor, without waiting for them: their constructors
+    (models loaded, engines built) run in their own processes while the driver goes on with its
+    own start-up; `wait_started` then waits for them."""
     roles = {role.role: role for role in plan_resources(cfg)}
     placement = reserve(
         list(roles.values()), cfg.ray.placement_timeout_s, cfg.placement.colocate, cfg.placement.strategy
     )
     try:
-        workers = Workers(
+        return Workers(
             placement=placement,
             learners=start_learners(cfg, plan, placement, roles["learner"]),
             rollouts=start_rollouts(cfg, placement, roles["rollout"]),
@@ -318,9 +320,17 @@ def start_workers(cfg: Config, plan: BatchPlan) -> Workers:
             teachers=start_teachers(cfg, plan, placement, roles),
             teacher_names=[t.name for t in cfg.distillation.teachers],
         )
-        wait_ready(workers.all())
-        setup_learners(workers.learners)
-        return workers
     except BaseException:
         placement.remove()
+        raise
+
+
+def wait_started(workers: Workers) -> None:
+    """Wait until every actor's constructor finished, then join the learners' world; the first
+    actor that failed to start (ClusterError, one line) or an interrupt gives the reservation back."""
+    try:
+        wait_ready(workers.all())
+        setup_learners(workers.learners)
+    except BaseException:
+        workers.placement.remove()
         raise

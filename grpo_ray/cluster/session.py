@@ -10,7 +10,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psutil
 
@@ -35,6 +37,8 @@ SLOW_START = "timed out during startup"
 # Fault drill (tests only): "1" stops the first try's raylet, a real slow start.
 STALLED_RAYLET_DRILL = "GRPO_RAY_DRILL_STALL_FIRST_RAYLET"
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class RaySession:
@@ -42,6 +46,10 @@ class RaySession:
     started_local: bool
     dashboard_url: str | None
     metrics_url: str | None = None  # this node's Prometheus endpoint (Ray's and grpo-ray's metrics)
+
+
+def _nothing() -> None:
+    pass
 
 
 def actor_env() -> dict[str, str]:
@@ -80,6 +88,33 @@ def ray_session(cfg: RayConfig, notice: Callable[[str], None] = print) -> Iterat
     finally:
         # Stops a local Ray's processes; on a cluster, ends this job's actors (they die with the driver).
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_session_beside(
+    cfg: RayConfig, work: Callable[[], T], notice: Callable[[str], None] = print, started: Callable[[], None] = _nothing
+) -> Iterator[tuple[RaySession, T]]:
+    """ray_session, with `work` run in a thread while Ray starts on this one (ray.init belongs on the
+    main thread; its start mostly waits on Ray's own processes, which leaves the interpreter to
+    `work`). Yields the session and work's result; `started` is called once Ray is up. work's
+    error comes first, whether Ray started or not (a bad input explains more than what it made
+    Ray do), and the Ray started here is stopped on the way out."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="beside-ray") as pool, contextlib.ExitStack() as stack:
+        working = pool.submit(work)
+        try:
+            session = stack.enter_context(ray_session(cfg, notice))
+        except Exception:
+            working.result()
+            raise
+        started()
+        yield session, working.result()
+
+
+def cluster_tags() -> dict[str, str]:
+    """The MLflow tags of the cluster the run's actors started on: its nodes and CPUs."""
+    import ray
+
+    return {"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"}
 
 
 def _start_local(cfg: RayConfig, common: dict, notice: Callable[[str], None]):

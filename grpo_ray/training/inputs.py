@@ -36,13 +36,14 @@ class RunInputs:
 def check_data_files(cfg: Config) -> None:
     """The data files exist and their rows map to prompts and answers, without a tokenizer (the
     check that is left when the model does not resolve: both problems are then named at once)."""
-    _check_paths(cfg)
+    check_data_paths(cfg)
     _read(cfg, cfg.data.train_files)
     if cfg.data.eval_files:
         _read(cfg, cfg.data.eval_files)
 
 
-def _check_paths(cfg: Config) -> None:
+def check_data_paths(cfg: Config) -> None:
+    """Every data file exists (a hub dataset answers), without reading it."""
     for spec in cfg.data.train_files:
         check_data_path(spec, "data.train_files")
     for spec in cfg.data.eval_files:
@@ -61,7 +62,7 @@ def _read(cfg: Config, files: tuple[str, ...]) -> tuple[list[Row], int]:
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
-    _check_paths(cfg)
+    check_data_paths(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     # Before any actor starts: a reference or teacher with other token ids would make the KL noise.
     check_reference_tokenizer(tokenizer, cfg.reference.model_path, cfg.reference.tokenizer)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import ray
@@ -37,13 +38,13 @@ import ray
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.placement import ClusterError, error_line
-from grpo_ray.cluster.roles import start_workers
-from grpo_ray.cluster.session import ray_session
+from grpo_ray.cluster.roles import start_workers, wait_started
+from grpo_ray.cluster.session import cluster_tags, ray_session_beside
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
 from grpo_ray.config import Config, StagePlan, plan_batches, plan_stages, prefetch_room, total_steps
 from grpo_ray.data.prompts import PromptStream
-from grpo_ray.tracking import ConsoleReporter, default_tracking_uri
+from grpo_ray.tracking import ConsoleReporter
 from grpo_ray.training import interrupts
 from grpo_ray.training.distill import rewards_signal, teach
 from grpo_ray.training.checkpoint import read_state, resume_point, run_hashes, set_aside
@@ -56,7 +57,7 @@ from grpo_ray.training.errors import (
 )
 from grpo_ray.training.evaluation import heldout_accuracy, unmeasured_reason
 from grpo_ray.training.metrics import accuracy_change, accuracy_text, step_metrics
-from grpo_ray.training.preflight import preflight
+from grpo_ray.training.preflight import checks_beside_ray
 from grpo_ray.training.opening import (
     open_tracker,
     report_inputs,
@@ -84,53 +85,55 @@ def train(
     the run was asked for (the CLI's process start; None: now), where its start-up table begins."""
     clock = StartupClock.started(launched)  # training/startup.py: each phase until the first step
     plan_batches(cfg)
-    inputs = preflight(cfg, connect=False).inputs  # what the run needs, before any Ray or MLflow run
+    slow_checks = checks_beside_ray(cfg)  # what the run needs: the quick checks, before any Ray
     clock.mark("checks")
-    output_dir = Path(cfg.output_dir)
     console = console or ConsoleReporter(total_steps(cfg), pipelined=cfg.rollout.max_staleness > 0)
-    checkpoints = output_dir / "checkpoints"
+    checkpoints = Path(cfg.output_dir) / "checkpoints"
     if resume == "never" and (moved := set_aside(checkpoints, time.strftime("%Y%m%d-%H%M%S"))):
         console.info(f"--no-resume: the earlier checkpoints were moved to {moved}")
     hashes = run_hashes(cfg)
     resume_from = resume_point(checkpoints, resume, hashes)
     state = read_state(resume_from) if resume_from else None
-    if state is not None and state.finished:
-        tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(output_dir)
-        result = already_finished(cfg, state, resume_from, tracking_uri, console)
-        console.close()
-        return result
-    tracker = open_tracker(cfg, state, console)
-    clock.mark("mlflow")
-    report_inputs(inputs, resume_from, state, console)
     try:
-        with tracker.ending(), ray_session(cfg.ray, console.info) as session:
-            clock.mark("ray")
+        if state is not None and state.finished:
+            return already_finished(cfg, state, resume_from, console)
+        with ray_session_beside(cfg.ray, slow_checks, console.info, partial(clock.mark, "ray")) as (session, inputs):
+            clock.mark("data")  # the rest of the slow checks
             report_session(session, console)
+            # The actors build in their own processes while this one opens the MLflow run.
             workers = start_workers(cfg, plan_batches(cfg))
-            clock.mark("actors")
-            tracker.set_tags(
-                {"cluster.nodes": str(len(ray.nodes())), "cluster.cpus": f"{ray.cluster_resources().get('CPU', 0):g}"}
-            )
-            report_placement(workers, tracker, console)
-            run = Run(cfg, inputs, workers, tracker, console, hashes.current)
-            report_sync(run.sync, console)
-            if cfg.weight_sync.measure_raw_broadcast:
-                report_yardstick(run, state.step if state else 0)
-            clock.mark("weight_sync")
-            progress = restore(run, resume_from, state) if state else _start(run)
-            clock.mark("restore" if state else "eval")
-            report_startup(clock, progress.step, tracker, console)
-            try:
-                return _loop(run, progress)
-            except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
-                raise type(err)(f"{err}; {resume_hint(checkpoints)}") from None
-            except RunStoppedError as stop:  # the step it stopped: its figures reach MLflow and the console first
-                run.log_stopped_step(progress.step + 1, stop.metrics)
-                raise
-            except ray.exceptions.RayError as err:
-                raise ClusterError(f"an actor failed: {error_line(err)}; {resume_hint(checkpoints)}") from None
+            tracker = open_tracker(cfg, state, console)
+            clock.mark("mlflow")
+            report_inputs(inputs, resume_from, state, console)
+            with tracker.ending():
+                wait_started(workers)
+                clock.mark("actors")
+                tracker.set_tags(cluster_tags())
+                report_placement(workers, tracker, console)
+                run = Run(cfg, inputs, workers, tracker, console, hashes.current)
+                report_sync(run.sync, console)
+                if cfg.weight_sync.measure_raw_broadcast:
+                    report_yardstick(run, state.step if state else 0)
+                clock.mark("weight_sync")
+                progress = restore(run, resume_from, state) if state else _start(run)
+                clock.mark("restore" if state else "eval")
+                report_startup(clock, progress.step, tracker, console)
+                return _loop_saying_how_to_go_on(run, progress, checkpoints)
     finally:
         console.close()
+
+
+def _loop_saying_how_to_go_on(run: Run, progress: Progress, checkpoints: Path) -> TrainResult:
+    """The run's steps; an actor's death or a failed sync ends it with how to resume."""
+    try:
+        return _loop(run, progress)
+    except (ClusterError, WeightSyncError) as err:  # an actor died: say how to go on
+        raise type(err)(f"{err}; {resume_hint(checkpoints)}") from None
+    except RunStoppedError as stop:  # the step it stopped: its figures reach MLflow and the console first
+        run.log_stopped_step(progress.step + 1, stop.metrics)
+        raise
+    except ray.exceptions.RayError as err:
+        raise ClusterError(f"an actor failed: {error_line(err)}; {resume_hint(checkpoints)}") from None
 
 
 def _start(run: Run) -> Progress:

@@ -1,22 +1,24 @@
-"""What a run needs, checked before any Ray starts or any MLflow run is opened: `grpo-ray validate`
-and `grpo-ray train` run the same checks, in this order, every one of them, and then name every
-problem found, one line each naming the field and the fix (a user fixes them all in one go, not
-one per try).
+"""What a run needs, checked before any actor starts or any MLflow run is opened: `grpo-ray validate`
+and `grpo-ray train` run the same checks, every one of them, and then name every problem found,
+one line each naming the field and the fix (a user fixes them all in one go, not one per try).
+
+The quick ones first, then the slow ones (which train runs while its local Ray starts, and which
+stop that Ray when they find a problem: checks_beside_ray):
 
 1. model.quantization can run where the learners run (bitsandbytes' backend),
    rollout.vllm.engine_args are options of the installed vLLM, and a teacher scored by vLLM (a
    url teacher's server, or backend: vllm) is asked at the temperature it scores at, 1;
 2. every model and tokenizer resolves: a local folder exists, a hub id is in the local Hugging Face
    cache or answers on the hub (one short request: offline, a one-line error at once rather than
-   transformers' retries);
-3. every reward function imports and takes its options, in the reward sandbox (user code never
-   runs in the driver), and the environment class (environment.spec) loads and builds in one of
-   its own processes;
-4. the data files exist, their rows map to a prompt and an answer, and the prompts fit
-   data.max_prompt_tokens (training/inputs.py: the run's prompts, tokenised once here);
-5. the plan fits: the cluster at ray.address, RAY_ADDRESS or --address (which must answer within
+   transformers' retries); every data file exists;
+3. the plan fits: the cluster at ray.address, RAY_ADDRESS or --address (which must answer within
    seconds: cluster/address.py), or else this machine, where `train` starts a local Ray of its CPUs
-   and GPUs.
+   and GPUs;
+4. (slow) every reward function imports and takes its options, in the reward sandbox (user code
+   never runs in the driver), and the environment class (environment.spec) loads and builds in one
+   of its own processes;
+5. (slow) the data files' rows map to a prompt and an answer, and the prompts fit
+   data.max_prompt_tokens (training/inputs.py: the run's prompts, tokenised once here).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from grpo_ray.config import Config, ConfigError, plan_resources, plan_stages
 from grpo_ray.config.vllm_args import check_engine_options
 from grpo_ray.models.hub import check_model_source
 from grpo_ray.quiet import quiet_vllm_import
-from grpo_ray.training.inputs import RunInputs, check_data_files, prepare_inputs
+from grpo_ray.training.inputs import RunInputs, check_data_files, check_data_paths, prepare_inputs
 
 # A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
 REWARD_IMPORT_TIMEOUT_S = 120.0
@@ -64,19 +66,52 @@ def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> 
     joined it; a second connection from inside a Ray job would drop the job's working dir (Ray
     frees a job's runtime environment when its last driver disconnects)."""
     found = _Problems()
+    where, models_resolve = _quick_checks(found, cfg, address, connect)
+    inputs = _slow_checks(found, cfg, models_resolve)
+    found.raise_them()
+    return Preflight(inputs, where)
+
+
+def checks_beside_ray(cfg: Config) -> Callable[[], RunInputs]:
+    """train's preflight, in two parts: the quick checks now, and the slow ones (4 and 5: the reward
+    functions and the environment imported in processes of their own, the prompts tokenised)
+    returned, for train to run while its local Ray starts (Ray's start mostly waits on its own
+    processes; 2 s of the tiny recipe's start on 2 CPUs). A bad input among the quick checks runs
+    the slow ones too, at once, and raises every problem, as preflight does: no Ray starts. One
+    found by the slow checks stops the Ray that started beside them."""
+    found = _Problems()
+    _, models_resolve = _quick_checks(found, cfg, None, connect=False)
+    if found.errors:
+        _slow_checks(found, cfg, models_resolve)
+        found.raise_them()
+
+    def slow_checks() -> RunInputs:
+        later = _Problems()
+        inputs = _slow_checks(later, cfg, models_resolve)
+        later.raise_them()
+        return inputs
+
+    return slow_checks
+
+
+def _quick_checks(found: _Problems, cfg: Config, address: str | None, connect: bool) -> tuple[str | None, bool]:
+    """1 to 3: what the plan was checked against, and whether every model and tokenizer resolves."""
     found.check(check_quantization, cfg)
     found.check(check_vllm_engine_args, cfg)
     found.check(check_teacher_temperatures, cfg)
     for field, source in model_sources(cfg):
         found.check(check_model_source, source, field)
     models_resolve = not found.errors
+    found.check(check_data_paths, cfg)
+    return found.check(check_plan_fits, cfg, *cluster_address(cfg, address), connect), models_resolve
+
+
+def _slow_checks(found: _Problems, cfg: Config, models_resolve: bool) -> RunInputs | None:
+    """4 and 5: the run's prompts, tokenised."""
     found.check(check_reward_functions, cfg)
     found.check(check_environment, cfg)
     # The prompts are tokenised with the model's tokenizer; without one the data files are still read.
-    inputs = found.check(prepare_inputs if models_resolve else check_data_files, cfg)
-    where = found.check(check_plan_fits, cfg, *cluster_address(cfg, address), connect)
-    found.raise_them()
-    return Preflight(inputs, where)
+    return found.check(prepare_inputs if models_resolve else check_data_files, cfg)
 
 
 T = TypeVar("T")

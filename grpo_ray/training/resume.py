@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from grpo_ray.config import Config
+from grpo_ray.tracking import default_tracking_uri
 from grpo_ray.training.checkpoint import HASH_VERSION, TrainerState, latest_checkpoint, write_checkpoint
 from grpo_ray.training.run import Progress, Run, TrainResult, in_phase
 
@@ -70,8 +71,9 @@ def restore(run: Run, folder: Path, state: TrainerState) -> Progress:
     )
 
 
-def already_finished(cfg: Config, state: TrainerState, folder: Path, tracking_uri: str, console) -> TrainResult:
+def already_finished(cfg: Config, state: TrainerState, folder: Path, console) -> TrainResult:
     model_dir = Path(cfg.output_dir) / "model"
+    tracking_uri = cfg.tracking.tracking_uri or default_tracking_uri(Path(cfg.output_dir))
     console.info(
         f"{cfg.output_dir} holds a run that finished at step {state.step} ({folder}); nothing to train. "
         "Set output_dir to a new folder, or pass --no-resume to train again from the start"

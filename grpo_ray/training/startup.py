@@ -4,10 +4,15 @@ Each phase is the wall seconds since the one before (training/loop.train marks t
 
     launch       the interpreter, grpo-ray's imports and the recipe, until the run's code begins
                  (from the process's start with `grpo-ray train`; 0 when train() is called from Python)
-    checks       preflight: the data read and tokenized, the models and teachers checked
-    mlflow       the MLflow run opened (a new store creates its tables)
-    ray          the local Ray started, or the cluster joined
-    actors       every actor placed and constructed (models loaded, engines built)
+    checks       preflight's quick checks: the models and teachers resolve, the data files
+                 exist, the plan fits (training/preflight.py)
+    ray          the local Ray started, or the cluster joined, while the slow checks ran beside
+                 (the reward functions and environment imported, the data read and tokenized)
+    data         the rest of those slow checks
+    mlflow       the actors placed and started, and while they build in their own processes, the
+                 MLflow run opened here (a new store creates its tables)
+    actors       the rest of the actors' start: every constructor finished (models loaded, engines
+                 built), the learners joined
     weight_sync  the learners' and engines' weight routes set up, the engines' first weights checked
     eval         the held-out evaluation before step 1 (restore, for a resumed run: its checkpoint read)
 

@@ -151,6 +151,41 @@ def test_a_local_ray_slow_to_start_is_started_once_more_and_its_first_try_leaves
     assert left == [], left
 
 
+def test_checks_beside_a_starting_ray_give_their_result_or_their_error_and_the_ray_is_stopped():
+    # train's slow checks run in a thread while ray.init starts the local Ray on the main thread.
+    script = (
+        "import threading, ray\n"
+        "from grpo_ray.cluster.session import ray_session_beside\n"
+        "from grpo_ray.config import RayConfig\n"
+        "cfg = RayConfig(num_cpus=1, dashboard=False)\n"
+        "def checks():\n"
+        "    return threading.current_thread().name\n"
+        "def bad_input():\n"
+        "    raise ValueError('data.train_files: a bad input')\n"
+        "with ray_session_beside(cfg, checks, started=lambda: print('up', ray.is_initialized())) as (session, name):\n"
+        "    print('beside', name.startswith('beside-ray'), session.started_local, flush=True)\n"
+        "try:\n"
+        "    with ray_session_beside(cfg, bad_input):\n"
+        "        print('the body ran')\n"
+        "except ValueError as err:\n"
+        "    print('raised', err, ray.is_initialized(), flush=True)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    stdout, stderr = child.communicate(timeout=180)
+    assert child.returncode == 0, stderr[-3000:]
+    assert stdout.splitlines() == ["up True", "beside True True", "raised data.train_files: a bad input False"]
+    deadline = time.monotonic() + 10
+    while (left := _alive_in_session(child.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], left
+
+
 def _alive_in_session(session: int) -> list[str]:
     alive = []
     for process in psutil.process_iter(["status", "name"]):

@@ -128,7 +128,7 @@ def test_the_first_run(reader):
     said = re.search(r"^start-up: ([0-9.]+) s to the first step \((.*)\)$", out, re.M)
     assert said and out.index(said.group(0)) < out.index("step 1/200"), out[:3000]
     phases = {name: float(seconds) for name, seconds in (part.split() for part in said.group(2).split(", "))}
-    assert list(phases) == ["launch", "checks", "mlflow", "ray", "actors", "weight_sync", "eval"]
+    assert list(phases) == ["launch", "checks", "ray", "data", "mlflow", "actors", "weight_sync", "eval"]
     assert phases["launch"] > 0.5 and phases["actors"] > 1  # the interpreter's imports; the actors' models
     logged = client.get_run(run_info.info.run_id).data.metrics
     assert logged["startup/total"] == pytest.approx(float(said.group(1)), abs=0.05)

@@ -25,8 +25,8 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 PURE = ("algo", "rewards", "envs", "types", "config", "errors", "user_code", "chat_template", "child_processes")
 RAY_ALLOWED = ("cluster", "training.loop")
-# What the run loop may read from `ray` itself: the cluster's size for its tags, and Ray's errors.
-LOOP_RAY_NAMES = {"nodes", "cluster_resources", "exceptions"}
+# What the run loop may read from `ray` itself: Ray's errors.
+LOOP_RAY_NAMES = {"exceptions"}
 
 # Which grpo_ray packages (or top-level modules) each may import, read downward: the entry points,
 # the run, the Ray plumbing, the actors, the pure and model packages, the ground. An arrow not listed

@@ -187,3 +187,41 @@ def test_a_passing_plan_prints_no_line_that_reads_as_an_error_and_names_the_envi
     assert not [line for line in result.output.splitlines() if re.search(r"\b(error|unknown|cannot|failed)\b", line)]
     assert "# resolved config" not in result.output and len(result.output.splitlines()) < 60
     assert "# checked: models, reward functions, the environment " in result.output
+
+
+# train's preflight in two parts (checks_beside_ray): the quick checks before any Ray starts, the
+# slow ones (reward functions and environment imported, prompts tokenised) while its Ray starts.
+
+
+def test_train_gets_the_slow_checks_to_run_beside_ray_and_they_give_what_preflight_gives(project):
+    from grpo_ray.config import load_config
+    from grpo_ray.training.preflight import checks_beside_ray, preflight
+
+    cfg = load_config(project / "recipe.yaml")
+    slow_checks = checks_beside_ray(cfg)
+    inputs, checked = slow_checks(), preflight(cfg, connect=False).inputs
+    assert (inputs.train_prompts, inputs.eval_prompts) == (checked.train_prompts, checked.eval_prompts)
+    assert len(inputs.train_prompts) == 30
+
+
+def test_a_bad_input_among_the_quick_checks_is_raised_at_once_with_what_the_slow_ones_find(project):
+    from grpo_ray.config import load_config
+    from grpo_ray.training.preflight import PreflightError, checks_beside_ray
+
+    (project / "rewards.py").write_text("x = 1 / 0\n")
+    cfg = load_config(project / "recipe.yaml", ["model.path=/no/such/model"])
+    with pytest.raises(PreflightError) as raised:
+        checks_beside_ray(cfg)
+    assert raised.value.lines[0].startswith("model.path: /no/such/model does not exist")
+    assert "ZeroDivisionError" in raised.value.lines[1]
+
+
+def test_a_bad_input_only_the_slow_checks_find_is_raised_when_they_run(project):
+    from grpo_ray.config import load_config
+    from grpo_ray.rewards import RewardSpecError
+    from grpo_ray.training.preflight import checks_beside_ray
+
+    (project / "rewards.py").write_text("x = 1 / 0\n")
+    slow_checks = checks_beside_ray(load_config(project / "recipe.yaml"))
+    with pytest.raises(RewardSpecError, match="ZeroDivisionError"):
+        slow_checks()
