@@ -215,7 +215,7 @@ def error_lines(stderr):
         ("rollout.temperature=-1", "error: rollout.temperature: Input should be greater than 0"),
     ],
 )
-def test_bad_input_is_one_line_before_any_ray_or_mlflow_run(tmp_path, override, expected):
+def test_bad_input_is_one_line_and_leaves_no_ray_process_or_mlflow_run(tmp_path, override, expected):
     before = len(ray_processes())
     out = train_tiny(tmp_path, override, HF_ENDPOINT="http://127.0.0.1:9")
     assert out.returncode == 1
