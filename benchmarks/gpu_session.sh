@@ -3,8 +3,9 @@
 # is unpacked into /tmp/site: the GPU tests, the tiny recipe on vLLM (the weight probe at every
 # sync, on-policy and pipelined), and the 0.5B end-to-end benchmark beside TRL. Every log and JSON
 # goes to $OUT (default /tmp/gpu-out). Usage, from the repository root:
-#   bash benchmarks/gpu_session.sh PART...   (PART: tests | offload | sleep | tiny | e2e | sync | turns | rollout | learner |
-#   handoff | realmodel; default: offload e2e, sized for one lease)
+#   bash benchmarks/gpu_session.sh PART...   (PART: tests | offload | sleep | tiny | e2e | startup | sync | turns | rollout |
+#   learner | handoff | realmodel; default: e2e, then startup offload in the lease's second call)
+# startup: the e2e shape's start-up phase by phase, cold then warm (vLLM's compile cache carried back out);
 # sleep: vLLM's sleep-mode tests (they noted the probe's "previous" log-probs after the update: mended,
 #   the baseline is scored before it), the weight probe's stale-engine drill in bf16 at the default
 #   tolerance (issue 43's GPU point), then the learner's state offload;
@@ -34,9 +35,13 @@ export VLLM_USE_FLASHINFER_SAMPLER=0 GRPO_RAY_CACHE=${GRPO_RAY_CACHE:-/tmp/grpo-
 # the state offload failed and was mended, rerun in 'offload', ~60 s); 'e2e' with E2E_MODES=pipelined
 # 285 s (model 5 s, TRL 101 s, pipelined 158 s, ~135 s of it the run's start); so 'offload e2e' (TRL,
 # on-policy, pipelined) is ~500 s, one work call: the 1.5x / 2x ratios in one call.
-# So: the next lease `bash benchmarks/gpu_session.sh` (offload, e2e), then `realmodel` (the built-in real
-# model beside TRL; its wheel carried in two halves), then `learner`, `rollout` and `turns`.
-PARTS=${*:-offload e2e}
+# 2026-11-27 evening (no GPU lent): every run now starts its slow checks beside Ray's start, its MLflow run
+# beside the actors', and a one-shard engine inside vLLM's engine-core process (uni: one spawned
+# interpreter fewer, 17-18 s of each run's start on the H100, never yet run on a GPU). So: the next lease
+# `bash benchmarks/gpu_session.sh` (e2e: TRL, on-policy, pipelined, each run's start-up table in
+# gpu_e2e.json; the first GPU run of `uni`), then `startup offload` in its second call; then `realmodel`
+# (the built-in real model beside TRL; its wheel carried in two halves), `learner`, `rollout` and `turns`.
+PARTS=${*:-e2e}
 E2E_STEPS=${E2E_STEPS:-6} E2E_WARMUP=${E2E_WARMUP:-2}
 for wheel in .gpu-overlay/liger_kernel-*.whl; do
   [ -f "$wheel" ] && python3 -m pip install -q --no-deps --no-index --target /tmp/site "$wheel" 2>&1 | tail -1
@@ -75,6 +80,17 @@ for part in $PARTS; do
       timeout ${limit:-540} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --trl-python python3 \
         --steps $E2E_STEPS --warmup $E2E_WARMUP --modes ${E2E_MODES:-on-policy,pipelined} \
         --stall-seconds 90 --work /tmp/e2e --json "$OUT/gpu_e2e.json" --logs "$OUT" 2>&1 | tee "$OUT/e2e.log" | tail -40 ;;
+    startup)
+      # Issue 55 point 1: the e2e shape's start-up, phase by phase (each run's "start-up:" line; the JSON's
+      # startup tables), twice on this machine: vLLM's compile cache cold (or carried in from an earlier
+      # lease as /tmp/ov/vllm-cache.tgz), then warm. The cache comes back as vllm-cache.tgz to carry next time.
+      export VLLM_CACHE_ROOT=${VLLM_CACHE_ROOT:-/tmp/vllm-cache}
+      mkdir -p "$VLLM_CACHE_ROOT"
+      [ -f /tmp/ov/vllm-cache.tgz ] && tar -C "$VLLM_CACHE_ROOT" -xzf /tmp/ov/vllm-cache.tgz
+      timeout ${limit:-360} python3 benchmarks/gpu_e2e.py --tokenizer "$QWEN2_TOKENIZER" --steps 2 --warmup 0 \
+        --modes on-policy,on-policy --stall-seconds 90 --work /tmp/e2e-startup --json "$OUT/gpu_startup.json" --logs "$OUT" \
+        2>&1 | tee "$OUT/startup.log" | grep -E "^\|" | tail -8
+      tar -C "$VLLM_CACHE_ROOT" -czf "$OUT/vllm-cache.tgz" . 2>/dev/null; du -h "$OUT/vllm-cache.tgz" ;;
     sync)
       timeout ${limit:-420} python3 benchmarks/same_device_sync.py --gpu --models qwen0.5b --tokenizer "$QWEN2_TOKENIZER" --syncs 3 \
         --work /tmp/sync-models --json "$OUT/same_device_sync_gpu.json" 2>&1 | tee "$OUT/sync.log" | tail -5 ;;
