@@ -60,7 +60,8 @@ MODE_OPTIONS = {  # a mode is "on-policy" or "pipelined", then any of these afte
 def mode_sets(mode: str) -> tuple[bool, list[str]]:
     """(pipelined, overrides) of a --modes entry: "on-policy", "pipelined", "on-policy+sleep1+mem0.7",
     "pipelined+broadcast", "on-policy+async+seqs512"; memN sets vLLM's gpu_memory_utilization to N for
-    that run, seqsN its max_num_seqs."""
+    that run, seqsN its max_num_seqs, graphsN the batch sizes vLLM captures CUDA graphs at to the powers
+    of two up to N (fewer graphs to capture at the start; a decode batch between two is padded up)."""
     base, *options = mode.split("+")
     if base not in ("on-policy", "pipelined"):
         raise SystemExit(f"--modes: {mode!r} starts with neither on-policy nor pipelined")
@@ -70,10 +71,16 @@ def mode_sets(mode: str) -> tuple[bool, list[str]]:
             sets.append(f"rollout.vllm.gpu_memory_utilization={float(option[3:])}")
         elif option.startswith("seqs"):  # vLLM's batch limit: sequences per engine step
             sets.append(f"rollout.vllm.engine_args.max_num_seqs={int(option[4:])}")
+        elif option.startswith("graphs"):  # CUDA graphs at the powers of two up to N sequences only
+            top = int(option[6:])
+            sizes = [2**k for k in range(top.bit_length())]
+            sets.append(f"rollout.vllm.engine_args.compilation_config={{cudagraph_capture_sizes: {sizes}}}")
         elif option in MODE_OPTIONS:
             sets.extend(MODE_OPTIONS[option].split(","))
         else:
-            raise SystemExit(f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN, seqsN")
+            raise SystemExit(
+                f"--modes: {option!r} in {mode!r} is none of {', '.join(MODE_OPTIONS)}, memN, seqsN, graphsN"
+            )
     return base == "pipelined", sets
 
 
@@ -287,7 +294,7 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="on-policy,pipelined",
-        help="comma-separated: on-policy or pipelined, + options: broadcast sleep1 sleep2 offload async memN seqsN",
+        help="comma-separated: on-policy or pipelined, + broadcast sleep1 sleep2 offload async memN seqsN graphsN",
     )
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--warmup", type=int, default=4, help="first steps left out of the rates")
