@@ -69,7 +69,7 @@ def ray_session(cfg: RayConfig, notice: Callable[[str], None] = print) -> Iterat
     import ray
 
     quiet_driver()
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    address = joins_cluster(cfg)
     common = dict(logging_level="WARNING", log_to_driver=True, runtime_env={"env_vars": actor_env()})
     if address:
         check_cluster_answers(address, "ray.address" if cfg.address else "RAY_ADDRESS")
@@ -94,11 +94,12 @@ def ray_session(cfg: RayConfig, notice: Callable[[str], None] = print) -> Iterat
 def ray_session_beside(
     cfg: RayConfig, work: Callable[[], T], notice: Callable[[str], None] = print, started: Callable[[], None] = _nothing
 ) -> Iterator[tuple[RaySession, T]]:
-    """ray_session, with `work` run in a thread while Ray starts on this one (ray.init belongs on the
-    main thread; its start mostly waits on Ray's own processes, which leaves the interpreter to
-    `work`). Yields the session and work's result; `started` is called once Ray is up. work's
-    error comes first, whether Ray started or not (a bad input explains more than what it made
-    Ray do), and the Ray started here is stopped on the way out."""
+    """ray_session of a local Ray, with `work` run in a thread while Ray starts on this one (ray.init
+    belongs on the main thread; its start mostly waits on Ray's own processes, which leaves the
+    interpreter to `work`; a cluster, joined, has no start to overlap: training/launch.py). Yields
+    the session and work's result; `started` is called once Ray is up. work's error comes first,
+    whether Ray started or not (a bad input explains more than what it made Ray do), and the Ray
+    started here is stopped on the way out."""
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="beside-ray") as pool, contextlib.ExitStack() as stack:
         working = pool.submit(work)
         try:
@@ -108,6 +109,12 @@ def ray_session_beside(
             raise
         started()
         yield session, working.result()
+
+
+def joins_cluster(cfg: RayConfig) -> str | None:
+    """The cluster a run joins (ray.address, else RAY_ADDRESS, as under `ray job submit`); None: it
+    starts a local Ray."""
+    return cfg.address or os.environ.get("RAY_ADDRESS")
 
 
 def cluster_tags() -> dict[str, str]:

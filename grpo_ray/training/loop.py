@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 import ray
@@ -38,8 +37,7 @@ import ray
 from grpo_ray.algo.polaris import drop_easy
 from grpo_ray.cluster.dispatch import fetch
 from grpo_ray.cluster.placement import ClusterError, error_line
-from grpo_ray.cluster.roles import start_workers, wait_started
-from grpo_ray.cluster.session import cluster_tags, ray_session_beside
+from grpo_ray.cluster.session import cluster_tags
 from grpo_ray.cluster.tasks import beside_data
 from grpo_ray.cluster.weight_broadcast import SyncResult, WeightSyncError
 from grpo_ray.config import Config, StagePlan, plan_batches, plan_stages, prefetch_room, total_steps
@@ -57,12 +55,10 @@ from grpo_ray.training.errors import (
 )
 from grpo_ray.training.evaluation import heldout_accuracy, unmeasured_reason
 from grpo_ray.training.metrics import accuracy_change, accuracy_text, step_metrics
+from grpo_ray.training.launch import started
 from grpo_ray.training.preflight import checks_beside_ray
 from grpo_ray.training.opening import (
-    open_tracker,
-    report_inputs,
     report_placement,
-    report_session,
     report_startup,
     report_sync,
     report_yardstick,
@@ -97,28 +93,18 @@ def train(
     try:
         if state is not None and state.finished:
             return already_finished(cfg, state, resume_from, console)
-        with ray_session_beside(cfg.ray, slow_checks, console.info, partial(clock.mark, "ray")) as (session, inputs):
-            clock.mark("data")  # the rest of the slow checks
-            report_session(session, console)
-            # The actors build in their own processes while this one opens the MLflow run.
-            workers = start_workers(cfg, plan_batches(cfg))
-            tracker = open_tracker(cfg, state, console)
-            clock.mark("mlflow")
-            report_inputs(inputs, resume_from, state, console)
-            with tracker.ending():
-                wait_started(workers)
-                clock.mark("actors")
-                tracker.set_tags(cluster_tags())
-                report_placement(workers, tracker, console)
-                run = Run(cfg, inputs, workers, tracker, console, hashes.current)
-                report_sync(run.sync, console)
-                if cfg.weight_sync.measure_raw_broadcast:
-                    report_yardstick(run, state.step if state else 0)
-                clock.mark("weight_sync")
-                progress = restore(run, resume_from, state) if state else _start(run)
-                clock.mark("restore" if state else "eval")
-                report_startup(clock, progress.step, tracker, console)
-                return _loop_saying_how_to_go_on(run, progress, checkpoints)
+        with started(cfg, slow_checks, state, resume_from, console, clock) as (inputs, tracker, workers):
+            tracker.set_tags(cluster_tags())
+            report_placement(workers, tracker, console)
+            run = Run(cfg, inputs, workers, tracker, console, hashes.current)
+            report_sync(run.sync, console)
+            if cfg.weight_sync.measure_raw_broadcast:
+                report_yardstick(run, state.step if state else 0)
+            clock.mark("weight_sync")
+            progress = restore(run, resume_from, state) if state else _start(run)
+            clock.mark("restore" if state else "eval")
+            report_startup(clock, progress.step, tracker, console)
+            return _loop_saying_how_to_go_on(run, progress, checkpoints)
     finally:
         console.close()
 
