@@ -20,6 +20,7 @@ per process saying its timeout is disabled; that is expected.
 
 from __future__ import annotations
 
+import functools
 import re
 from types import ModuleType
 
@@ -41,11 +42,13 @@ def _math_verify() -> ModuleType:
     return math_verify
 
 
-def _unboxed_extraction() -> list:
+@functools.cache
+def _unboxed_extraction() -> tuple:
     """Extraction for an unboxed final line: LaTeX first ("$\\frac{1}{2}$"), then plain expressions
-    ("the answer is 82"). math-verify takes the rightmost match, i.e. the line's final expression."""
+    ("the answer is 82"). math-verify takes the rightmost match, i.e. the line's final expression.
+    Built once per process, on first use."""
     mv = _math_verify()
-    return [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
+    return (mv.LatexExtractionConfig(), mv.ExprExtractionConfig())
 
 
 def _braced_group(text: str, start: int) -> str | None:
@@ -125,7 +128,7 @@ def _parse_prediction(answer_text: str, accept_unboxed: bool) -> list:
     lines = [line for line in answer_text.splitlines() if line.strip()]
     if not lines:
         return []
-    return _math_verify().parse(lines[-1], extraction_config=_unboxed_extraction(), **_PARSE_KWARGS)
+    return _math_verify().parse(lines[-1], extraction_config=list(_unboxed_extraction()), **_PARSE_KWARGS)
 
 
 def _score_one(completion: str, gold: list, *, require_think_close: bool, accept_unboxed: bool) -> float | None:
