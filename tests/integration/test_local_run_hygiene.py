@@ -127,16 +127,7 @@ def test_a_local_ray_slow_to_start_is_started_once_more_and_its_first_try_leaves
         "with ray_session(RayConfig(num_cpus=1, dashboard=False), notice=lambda line: print('notice:', line)):\n"
         "    print('nodes', len([n for n in ray.nodes() if n['Alive']]), flush=True)\n"
     )
-    env = dict(os.environ, GRPO_RAY_DRILL_STALL_FIRST_RAYLET="1", PYTHONUNBUFFERED="1")
-    child = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    stdout, stderr = child.communicate(timeout=300)
+    child, stdout, stderr = _in_a_session_of_its_own(script, 300, GRPO_RAY_DRILL_STALL_FIRST_RAYLET="1")
     assert child.returncode == 0, stderr[-3000:]
     notices = [line for line in stdout.splitlines() if line.startswith("notice:")]
     assert notices == [
@@ -145,10 +136,7 @@ def test_a_local_ray_slow_to_start_is_started_once_more_and_its_first_try_leaves
     ], stdout
     assert "nodes 1" in stdout and "Traceback" not in stderr
     # Both tries' processes are gone: the stopped raylet and its GCS too.
-    deadline = time.monotonic() + 10
-    while (left := _alive_in_session(child.pid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert left == [], left
+    assert _left_in_session(child.pid) == []
 
 
 def test_checks_beside_a_starting_ray_give_their_result_or_their_error_and_the_ray_is_stopped():
@@ -170,20 +158,32 @@ def test_checks_beside_a_starting_ray_give_their_result_or_their_error_and_the_r
         "except ValueError as err:\n"
         "    print('raised', err, ray.is_initialized(), flush=True)\n"
     )
+    child, stdout, stderr = _in_a_session_of_its_own(script, 180)
+    assert child.returncode == 0, stderr[-3000:]
+    assert stdout.splitlines() == ["up True", "beside True True", "raised data.train_files: a bad input False"]
+    assert _left_in_session(child.pid) == []
+
+
+def _in_a_session_of_its_own(script: str, timeout: float, **env: str) -> tuple[subprocess.Popen, str, str]:
+    """Python `script` run to its end in a process session of its own: the child, its stdout and stderr."""
     child = subprocess.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", **env),
         start_new_session=True,
     )
-    stdout, stderr = child.communicate(timeout=180)
-    assert child.returncode == 0, stderr[-3000:]
-    assert stdout.splitlines() == ["up True", "beside True True", "raised data.train_files: a bad input False"]
-    deadline = time.monotonic() + 10
-    while (left := _alive_in_session(child.pid)) and time.monotonic() < deadline:
+    stdout, stderr = child.communicate(timeout=timeout)
+    return child, stdout, stderr
+
+
+def _left_in_session(session: int, within_s: float = 10.0) -> list[str]:
+    """The processes of `session` still alive `within_s` seconds on (none, once they all ended)."""
+    deadline = time.monotonic() + within_s
+    while (left := _alive_in_session(session)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert left == [], left
+    return left
 
 
 def _alive_in_session(session: int) -> list[str]:
