@@ -348,16 +348,17 @@ def main() -> None:
         print(json.dumps({"trl": results["trl"]}, default=str)[:2000], flush=True)
         if args.logs:
             save_logs(work, "trl", Path(args.logs))
-    for i, mode in enumerate(args.modes.split(",")):
+    modes = args.modes.split(",")
+    for i, mode in enumerate(modes):
         # A mode named twice runs twice (the start-up's second run finds vLLM's compile cache warm).
-        again = f" #{i + 1}" if args.modes.split(",").count(mode) > 1 else ""
-        name = f"grpo-ray {mode}{again}"
-        results["runs"][name] = grpo_run(f"grpo-{mode}{again.replace(' #', '-')}", work, model_dir, args, mode)
+        again = f"-{i + 1}" if modes.count(mode) > 1 else ""
+        name, folder = f"grpo-ray {mode}{again}", f"grpo-{mode}{again}"
+        results["runs"][name] = grpo_run(folder, work, model_dir, args, mode)
         print(json.dumps({mode: results["runs"][name]}, default=str)[:2000], flush=True)
         if args.json:  # what is done so far survives a time limit
             Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
         if args.logs:
-            save_logs(work, f"grpo-{mode}{again.replace(' #', '-')}", Path(args.logs))
+            save_logs(work, folder, Path(args.logs))
     print(table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str) + "\n")
