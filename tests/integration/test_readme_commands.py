@@ -129,7 +129,10 @@ def test_the_first_run(reader):
     assert said and out.index(said.group(0)) < out.index("step 1/200"), out[:3000]
     phases = {name: float(seconds) for name, seconds in (part.split() for part in said.group(2).split(", "))}
     assert list(phases) == ["launch", "checks", "ray", "data", "mlflow", "actors", "weight_sync", "eval"]
-    assert phases["launch"] > 0.5 and phases["actors"] > 1  # the interpreter's imports; the actors' models
+    # The interpreter's imports; the actors' models, built while the driver opens its MLflow run (so
+    # the actors' own phase is only what outlasts MLflow's: under a second on a fast machine).
+    assert phases["launch"] > 0.5 and phases["mlflow"] + phases["actors"] > 1
+    assert min(phases.values()) >= 0, phases
     logged = client.get_run(run_info.info.run_id).data.metrics
     assert logged["startup/total"] == pytest.approx(float(said.group(1)), abs=0.05)
     assert sum(logged[f"startup/{name}"] for name in phases) == pytest.approx(logged["startup/total"])
