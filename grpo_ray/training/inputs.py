@@ -33,10 +33,10 @@ class RunInputs:
     dropped_by_difficulty: int  # training rows outside data.difficulty_band
 
 
-def check_data_files(cfg: Config) -> None:
-    """The data files exist and their rows map to prompts and answers, without a tokenizer (the
-    check that is left when the model does not resolve: both problems are then named at once)."""
-    check_data_paths(cfg)
+def read_data_files(cfg: Config) -> None:
+    """The rows of data files known to exist (check_data_paths) map to prompts and answers, without a
+    tokenizer (the check that is left when the model does not resolve: both problems are then named
+    at once)."""
     _read(cfg, cfg.data.train_files)
     if cfg.data.eval_files:
         _read(cfg, cfg.data.eval_files)
@@ -62,7 +62,13 @@ def _read(cfg: Config, files: tuple[str, ...]) -> tuple[list[Row], int]:
 
 
 def prepare_inputs(cfg: Config) -> RunInputs:
+    """The run's prompts, tokenised, and its probe; a missing data file named first."""
     check_data_paths(cfg)
+    return tokenized_inputs(cfg)
+
+
+def tokenized_inputs(cfg: Config) -> RunInputs:
+    """prepare_inputs for data files known to exist (check_data_paths)."""
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     # Before any actor starts: a reference or teacher with other token ids would make the KL noise.
     check_reference_tokenizer(tokenizer, cfg.reference.model_path, cfg.reference.tokenizer)

@@ -26,14 +26,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from grpo_ray.cluster.fit import NodeView, nccl_conflicts, plan_bundles, shortfalls
 from grpo_ray.config import Config, ConfigError, plan_resources, plan_stages
 from grpo_ray.config.vllm_args import check_engine_options
 from grpo_ray.models.hub import check_model_source
 from grpo_ray.quiet import quiet_vllm_import
-from grpo_ray.training.inputs import RunInputs, check_data_files, check_data_paths, prepare_inputs
+from grpo_ray.training.inputs import RunInputs, check_data_paths, read_data_files, tokenized_inputs
 
 # A reward child imports the user's file and the platform's rewards (math-verify): seconds, not minutes.
 REWARD_IMPORT_TIMEOUT_S = 120.0
@@ -66,10 +66,10 @@ def preflight(cfg: Config, address: str | None = None, connect: bool = True) -> 
     joined it; a second connection from inside a Ray job would drop the job's working dir (Ray
     frees a job's runtime environment when its last driver disconnects)."""
     found = _Problems()
-    where, models_resolve = _quick_checks(found, cfg, address, connect)
-    inputs = _slow_checks(found, cfg, models_resolve)
+    quick = _quick_checks(found, cfg, address, connect)
+    inputs = _slow_checks(found, cfg, quick)
     found.raise_them()
-    return Preflight(inputs, where)
+    return Preflight(inputs, quick.where)
 
 
 def checks_beside_ray(cfg: Config) -> Callable[[], RunInputs]:
@@ -80,38 +80,51 @@ def checks_beside_ray(cfg: Config) -> Callable[[], RunInputs]:
     the slow ones too, at once, and raises every problem, as preflight does: no Ray starts. One
     found by the slow checks stops the Ray that started beside them."""
     found = _Problems()
-    _, models_resolve = _quick_checks(found, cfg, None, connect=False)
+    quick = _quick_checks(found, cfg, None, connect=False)
     if found.errors:
-        _slow_checks(found, cfg, models_resolve)
+        _slow_checks(found, cfg, quick)
         found.raise_them()
 
     def slow_checks() -> RunInputs:
         later = _Problems()
-        inputs = _slow_checks(later, cfg, models_resolve)
+        inputs = _slow_checks(later, cfg, quick)
         later.raise_them()
         return inputs
 
     return slow_checks
 
 
-def _quick_checks(found: _Problems, cfg: Config, address: str | None, connect: bool) -> tuple[str | None, bool]:
-    """1 to 3: what the plan was checked against, and whether every model and tokenizer resolves."""
+class _QuickChecked(NamedTuple):
+    where: str | None  # what the plan was checked against (None: the plan did not fit)
+    models_resolve: bool  # every model and tokenizer
+    data_found: bool  # every data file exists (a hub dataset answered)
+
+
+def _quick_checks(found: _Problems, cfg: Config, address: str | None, connect: bool) -> _QuickChecked:
+    """1 to 3: the models and the data files resolve, and the plan fits."""
     found.check(check_quantization, cfg)
     found.check(check_vllm_engine_args, cfg)
     found.check(check_teacher_temperatures, cfg)
     for field, source in model_sources(cfg):
         found.check(check_model_source, source, field)
     models_resolve = not found.errors
+    errors_before = len(found.errors)
     found.check(check_data_paths, cfg)
-    return found.check(check_plan_fits, cfg, *cluster_address(cfg, address), connect), models_resolve
+    data_found = len(found.errors) == errors_before
+    return _QuickChecked(
+        found.check(check_plan_fits, cfg, *cluster_address(cfg, address), connect), models_resolve, data_found
+    )
 
 
-def _slow_checks(found: _Problems, cfg: Config, models_resolve: bool) -> RunInputs | None:
-    """4 and 5: the run's prompts, tokenised."""
+def _slow_checks(found: _Problems, cfg: Config, quick: _QuickChecked) -> RunInputs | None:
+    """4 and 5: the run's prompts, tokenised. The data paths were checked by the quick checks: not
+    again (a hub dataset not cached here would be asked for twice)."""
     found.check(check_reward_functions, cfg)
     found.check(check_environment, cfg)
+    if not quick.data_found:
+        return None
     # The prompts are tokenised with the model's tokenizer; without one the data files are still read.
-    return found.check(prepare_inputs if models_resolve else check_data_files, cfg)
+    return found.check(tokenized_inputs if quick.models_resolve else read_data_files, cfg)
 
 
 T = TypeVar("T")

@@ -225,3 +225,27 @@ def test_a_bad_input_only_the_slow_checks_find_is_raised_when_they_run(project):
     slow_checks = checks_beside_ray(load_config(project / "recipe.yaml"))
     with pytest.raises(RewardSpecError, match="ZeroDivisionError"):
         slow_checks()
+
+
+def test_each_data_file_is_looked_for_once_so_a_hub_dataset_is_asked_for_once(project, monkeypatch):
+    # A hub dataset not cached here costs a request to the hub each time its path is checked.
+    import grpo_ray.training.inputs as inputs
+    from grpo_ray.config import load_config
+    from grpo_ray.training.preflight import checks_beside_ray, preflight
+
+    looked_for = []
+    real_check = inputs.check_data_path
+    monkeypatch.setattr(
+        inputs, "check_data_path", lambda spec, field: looked_for.append(spec) or real_check(spec, field)
+    )
+    cfg = load_config(project / "recipe.yaml")
+    checks_beside_ray(cfg)()
+    assert looked_for == [str(project / "data" / "train.jsonl"), "tiny:heldout"]
+    looked_for.clear()
+    preflight(cfg, connect=False)
+    assert looked_for == [str(project / "data" / "train.jsonl"), "tiny:heldout"]
+    # A file that is not there is named once, and its rows are not read: one problem, raised as itself
+    # (two would be a PreflightError).
+    (project / "data" / "train.jsonl").unlink()
+    with pytest.raises(inputs.DataError, match="data.train_files: .*train.jsonl does not exist"):
+        preflight(cfg, connect=False)
