@@ -147,10 +147,23 @@ def error_line(err: BaseException) -> str:
         # the closing note ("The actor never ran ..."); the note alone does not say why.
         reasons = [line for line in lines[1:] if not _ACTOR_FIELD.match(line)]
         return " ".join(reasons) if reasons else lines[0]
-    return lines[-1]
+    return _raised(lines)
 
 
 _ACTOR_FIELD = re.compile(r"^(class_name|actor_id|pid|name|namespace|ip): ")
+# The line a traceback's exception starts at: "ValueError: ...", "pydantic_core._pydantic_core.ValidationError: ..."
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)")
+
+
+def _raised(lines: list[str]) -> str:
+    """The exception at the end of a traceback's lines, with its message's further lines: a message of
+    several lines (pydantic's: the model, the field, what is wrong, then a link to its docs) would
+    otherwise be told by its last line alone, the link."""
+    starts = [i for i, line in enumerate(lines) if _EXCEPTION.match(line)]
+    if not starts:
+        return lines[-1]
+    message = [line for line in lines[starts[-1] :] if not line.startswith("For further information visit")]
+    return "; ".join(message[:4])
 
 
 def call_on_actor(actor: Any, fn, *args: Any) -> Any:
