@@ -106,9 +106,10 @@ class VllmConfig(_Section):
     sleep_level: int = Field(0, ge=0, le=2)
     # More of vLLM's engine options, as keyword arguments of its AsyncEngineArgs (e.g.
     # {max_num_seqs: 512, async_scheduling: true, compilation_config: {cudagraph_capture_sizes: [..]}}):
-    # what grpo-ray does not set itself. A name this vLLM does not know is refused when the engine
-    # starts (and by `validate` where vLLM is installed); the options grpo-ray sets are refused here,
-    # naming the key that sets them.
+    # what grpo-ray does not set itself. A name this vLLM does not know, or a value it refuses as it
+    # reads its options (a misspelt key of compilation_config), is refused before the run starts
+    # where vLLM is installed (`validate` too), else when the engine starts; the options grpo-ray
+    # sets are refused here, naming the key that sets them.
     engine_args: dict[str, Any] = {}
 
     @field_validator("engine_args")

@@ -9,9 +9,15 @@ from grpo_ray.config.vllm_args import check_engine_options
 
 
 @dataclass
-class EngineArgs:  # stands where vLLM's AsyncEngineArgs would: only its field names are read
+class EngineArgs:  # stands where vLLM's AsyncEngineArgs would: its field names, and what it refuses as it is made
+    model: str = ""
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
+    compilation_config: dict | None = None
+
+    def __post_init__(self):
+        if self.compilation_config and set(self.compilation_config) - {"cudagraph_capture_sizes"}:
+            raise ValueError("1 validation error for CompilationConfig\nUnexpected keyword argument")
 
 
 def test_names_the_engine_takes_pass():
@@ -25,4 +31,16 @@ def test_unknown_names_are_one_line_naming_each_and_the_version():
     assert str(refused.value) == (
         "rollout.vllm.engine_args: async_scheduling, max_num_seq is not an engine option of vLLM 0.26.1 "
         "(its AsyncEngineArgs, the `vllm serve --help` options with - as _); remove or rename it"
+    )
+
+
+def test_a_value_the_engine_refuses_as_it_is_made_is_one_line_naming_the_option():
+    check_engine_options({"compilation_config": {"cudagraph_capture_sizes": [1, 2]}}, EngineArgs, "0.32.0")
+    with pytest.raises(ValueError) as refused:
+        check_engine_options(
+            {"max_num_seqs": 8, "compilation_config": {"cudagraph_capture_sizez": [1, 2]}}, EngineArgs, "0.32.0"
+        )
+    assert str(refused.value) == (
+        "rollout.vllm.engine_args.compilation_config: 1 validation error for CompilationConfig (vLLM 0.32.0); "
+        "fix or remove it"
     )

@@ -146,12 +146,20 @@ def test_a_script_may_validate_at_its_top_level_without_a_main_guard(tmp_path):
 
 
 @pytest.mark.vllm
-def test_a_vllm_engine_option_this_vllm_does_not_have_is_named_before_anything_starts():
-    pytest.importorskip("vllm", exc_type=ImportError)
+def test_a_vllm_engine_option_this_vllm_does_not_have_or_refuses_is_named_before_anything_starts():
+    vllm = pytest.importorskip("vllm", exc_type=ImportError)
     result = validate(TINY, "--set", "rollout.backend=vllm", "--set", "rollout.vllm.engine_args.max_num_seq=8")
     assert result.exit_code == 1
     assert error_line(result).startswith(
         "error: rollout.vllm.engine_args: max_num_seq is not an engine option of vLLM "
+    ), result.output
+    # A value vLLM refuses as it reads it (a misspelt key of one of its typed options), as one line too.
+    typo = "rollout.vllm.engine_args.compilation_config={cudagraph_capture_sizez: [1, 2]}"
+    result = validate(TINY, "--set", "rollout.backend=vllm", "--set", typo)
+    assert result.exit_code == 1
+    assert error_line(result) == (
+        "error: rollout.vllm.engine_args.compilation_config: cudagraph_capture_sizez: Unexpected keyword argument "
+        f"(vLLM {vllm.__version__}); fix or remove it"
     ), result.output
 
 
