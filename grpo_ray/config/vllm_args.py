@@ -54,13 +54,13 @@ def check_engine_options(options: dict[str, Any], engine_args: type, version: st
         # that exists, so that vLLM's offline mode looks nothing up: only the option is checked.
         try:
             engine_args(model=os.curdir, **{name: value})
-        except ValueError as err:  # pydantic's ValidationError is one
+        except Exception as err:  # pydantic's ValidationError; an OSError for a model it looks up offline
             raise ValueError(
                 f"rollout.vllm.engine_args.{name}: {_refusal(err)} (vLLM {version}); fix or remove it"
             ) from None
 
 
-def _refusal(err: ValueError) -> str:
+def _refusal(err: Exception) -> str:
     """One line of what vLLM refused: each of pydantic's errors as `key: message`, else the first line."""
     errors = getattr(err, "errors", None)
     if not callable(errors):

@@ -14,8 +14,11 @@ class EngineArgs:  # stands where vLLM's AsyncEngineArgs would: its field names,
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     compilation_config: dict | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self):
+        if self.tokenizer:  # vLLM looks a model up as it is made, under HF_HUB_OFFLINE
+            raise OSError("Cannot find an appropriate cached snapshot folder\nfor the specified revision")
         if self.compilation_config and set(self.compilation_config) - {"cudagraph_capture_sizes"}:
             raise ValueError("1 validation error for CompilationConfig\nUnexpected keyword argument")
 
@@ -42,5 +45,11 @@ def test_a_value_the_engine_refuses_as_it_is_made_is_one_line_naming_the_option(
         )
     assert str(refused.value) == (
         "rollout.vllm.engine_args.compilation_config: 1 validation error for CompilationConfig (vLLM 0.32.0); "
+        "fix or remove it"
+    )
+    with pytest.raises(ValueError) as refused:
+        check_engine_options({"tokenizer": "someone/nothing"}, EngineArgs, "0.32.0")
+    assert str(refused.value) == (
+        "rollout.vllm.engine_args.tokenizer: Cannot find an appropriate cached snapshot folder (vLLM 0.32.0); "
         "fix or remove it"
     )
