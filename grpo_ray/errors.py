@@ -3,6 +3,12 @@ the exceptions it turns into messages (a library's, a user function's) may have 
 
 from __future__ import annotations
 
+import re
+
+# The line a Python traceback's exception starts at: its qualified name, then its message
+# ("ValueError: ...", "pydantic_core._pydantic_core.ValidationError: 1 validation error ...").
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)\b(:.*)?$")
+
 
 def first_line(error: BaseException | str, with_type: bool = False, limit: int = 0) -> str:
     """The first non-empty line of `error`'s message, or its type's name when it has none.

@@ -11,12 +11,11 @@ three restarts in a row, for 12 minutes, and the run ended with "died unexpected
 from __future__ import annotations
 
 import os
-import re
 import threading
 from pathlib import Path
 
-# The last line of a Python traceback: the exception's qualified name and its message.
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault)\b(:.*)?$")
+from grpo_ray.errors import EXCEPTION_LINE
+
 # How long the worker lives on after its call answered: long enough for Ray to send the answer.
 EXIT_DELAY_S = 1.0
 
@@ -70,7 +69,7 @@ def root_cause(path: str | None, since: int) -> str | None:
     for line in lines:
         if line.startswith("Traceback (most recent call last)"):
             in_traceback = True
-        elif in_traceback and _EXCEPTION_LINE.match(line):
+        elif in_traceback and EXCEPTION_LINE.match(line):
             return line.strip()
     return None
 

@@ -13,7 +13,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from grpo_ray.errors import ClusterError, first_line
+from grpo_ray.errors import EXCEPTION_LINE, ClusterError, first_line
 from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
 from grpo_ray.config import RoleResources
 
@@ -151,15 +151,13 @@ def error_line(err: BaseException) -> str:
 
 
 _ACTOR_FIELD = re.compile(r"^(class_name|actor_id|pid|name|namespace|ip): ")
-# The line a traceback's exception starts at: "ValueError: ...", "pydantic_core._pydantic_core.ValidationError: ..."
-_EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)")
 
 
 def _raised(lines: list[str]) -> str:
     """The exception at the end of a traceback's lines, with its message's further lines: a message of
     several lines (pydantic's: the model, the field, what is wrong, then a link to its docs) would
     otherwise be told by its last line alone, the link."""
-    starts = [i for i, line in enumerate(lines) if _EXCEPTION.match(line)]
+    starts = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line)]
     if not starts:
         return lines[-1]
     message = [line for line in lines[starts[-1] :] if not line.startswith("For further information visit")]
