@@ -11,6 +11,8 @@ import dataclasses
 import os
 from typing import Any
 
+from grpo_ray.errors import first_line
+
 # vLLM engine arguments grpo-ray sets (actors/vllm_engine.py, actors/vllm_compat.py), and where from.
 VLLM_ARGS_SET_BY_GRPO_RAY = {
     "model": "model.path",
@@ -64,7 +66,7 @@ def _refusal(err: Exception) -> str:
     """One line of what vLLM refused: each of pydantic's errors as `key: message`, else the first line."""
     errors = getattr(err, "errors", None)
     if not callable(errors):
-        return (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return first_line(err)
     parts = []
     for error in errors():
         where = ".".join(str(part) for part in error.get("loc", ()))

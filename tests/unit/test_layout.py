@@ -43,7 +43,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # of rollout.vllm.engine_args that the engine shares with the driver's preflight.
     "actors": set("algo chat_template config.vllm_args envs errors models quiet rewards transport types".split()),
     "data": set("builtin_names errors models types".split()),
-    "config": set("algo builtin_names".split()),
+    "config": set("algo builtin_names errors".split()),
     "models": set("algo builtin_names chat_template errors quiet types".split()),
     "envs": set("chat_template child_processes errors types user_code".split()),
     "rewards": set("child_processes errors user_code".split()),
