@@ -16,12 +16,35 @@ class PromptSet:
     dropped_too_long: int
 
 
+def leading_special_tokens(tokenizer) -> tuple[int, ...]:
+    """The special tokens the tokenizer puts before a text by default: (bos,) for Llama 2, Gemma and
+    Mistral, () for Qwen2 and SmolLM2, whatever its post-processor says. Read from a text tokenised
+    with and without them, so every tokenizer kind answers alike. A trailing token it adds (an EOS,
+    for a few tokenizers) is not kept: a prompt is text the model continues, not a finished one."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    full = tokenizer("a")["input_ids"]
+    start = next((i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain), 0)
+    return tuple(int(t) for t in full[:start])
+
+
+def text_prompt_ids(text: str, tokenizer, leading: tuple[int, ...]) -> list[int]:
+    """A plain-text prompt as the model's own tokenizer makes it: `leading` (leading_special_tokens)
+    then the text's tokens. A text that already begins with them (a user who typed "<bos>") gets
+    them once: a second BOS is a context the model never saw either."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids if tuple(ids[: len(leading)]) == leading else [*leading, *ids]
+
+
 def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_chat_template: bool) -> PromptSet:
     """Apply the chat template (the row's context messages, then its prompt as the user's), tokenise,
-    drop prompts over the limit. Without a chat template a prompt is its text alone, so a row with
-    context messages is refused (the messages would be lost)."""
+    drop prompts over the limit. Without a chat template a prompt is its text alone, after the
+    special tokens the tokenizer adds by default (a BOS: Gemma writes nonsense without it), so a row
+    with context messages is refused (the messages would be lost). A chat template writes its own
+    BOS where it wants one (tokenised without the tokenizer's additions, by transformers), so a
+    templated prompt is the template's tokens, unchanged."""
     prompts: list[Prompt] = []
     dropped = 0
+    leading = () if apply_chat_template else leading_special_tokens(tokenizer)
     for row in rows:
         if apply_chat_template:
             ids = tokenizer.apply_chat_template(
@@ -38,7 +61,7 @@ def tokenize_prompts(rows: list[Row], tokenizer, max_prompt_tokens: int, apply_c
                 "or give prompts as text"
             )
         else:
-            ids = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
+            ids = text_prompt_ids(row.prompt, tokenizer, leading)
         if len(ids) > max_prompt_tokens:
             dropped += 1
             continue
