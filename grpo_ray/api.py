@@ -40,6 +40,9 @@ class Validation:
     checked_on: str  # what the plan was checked against ("this machine (...)", "the cluster at ...")
     train_prompts: int
     eval_prompts: int
+    # The first training prompt as the model sees it: its tokens decoded, special tokens (a BOS, the
+    # chat template's markers) shown.
+    first_prompt: str = ""
 
 
 def load(recipe: Recipe, overrides: Overrides = ()) -> Config:
@@ -63,7 +66,13 @@ def validate(recipe: Recipe, overrides: Overrides = (), address: str | None = No
     lines, warnings = plan_report(cfg, gpu_memory_gb, with_config=True)
     checked = preflight(cfg, address)
     return Validation(
-        cfg, lines, warnings, checked.where, len(checked.inputs.train_prompts), len(checked.inputs.eval_prompts)
+        cfg,
+        lines,
+        warnings,
+        checked.where,
+        len(checked.inputs.train_prompts),
+        len(checked.inputs.eval_prompts),
+        checked.inputs.first_prompt_shown,
     )
 
 

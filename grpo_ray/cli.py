@@ -122,7 +122,7 @@ def validate(
     RAY_ADDRESS). Prints each role's resources, the batch arithmetic, the memory plan per GPU and
     the learning rate (--verbose: the resolved config first), then `ok`, or one line per problem
     found (all of them) and exit 1."""
-    from grpo_ray.commands.validate import checked_line, plan_report
+    from grpo_ray.commands.validate import checked_line, first_prompt_lines, plan_report
 
     cfg = load_config(config, overrides)
     if not plan_only:  # a recipe that cannot run here at all, before its plan
@@ -142,6 +142,9 @@ def validate(
 
     quiet_driver()
     checked = preflight(cfg, address)
+    if checked.inputs.train_prompts:
+        tokens = len(checked.inputs.train_prompts[0].token_ids)
+        click.echo("\n" + "\n".join(first_prompt_lines(checked.inputs.first_prompt_shown, tokens)))
     click.echo(
         "\n" + checked_line(cfg, len(checked.inputs.train_prompts), len(checked.inputs.eval_prompts), checked.where)
     )

@@ -64,6 +64,15 @@ def _distillation(cfg: Config) -> str:
     return f"{teachers}; coef {d.coef:g}, {signal}"
 
 
+def first_prompt_lines(shown: str, tokens: int) -> list[str]:
+    """The first training prompt as the model will see it, special tokens visible, each line behind
+    "| " so that its leading and trailing spaces and blank lines show."""
+    return [
+        f"# the first training prompt as the model sees it ({tokens} tokens, special tokens shown)",
+        *(f"| {line}" for line in shown.split("\n")),
+    ]
+
+
 def checked_line(cfg: Config, train_prompts: int, eval_prompts: int, where: str) -> str:
     """What a passing check covered, the last line before the verdict."""
     environment = f"the environment {cfg.environment.spec}, " if cfg.environment.spec else ""

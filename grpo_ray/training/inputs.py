@@ -31,6 +31,9 @@ class RunInputs:
     skipped_rows: int  # rows without a usable prompt or answer
     dropped_too_long: int  # prompts over data.max_prompt_tokens
     dropped_by_difficulty: int  # training rows outside data.difficulty_band
+    # The first training prompt's tokens decoded with their special tokens (a BOS, the template's
+    # markers) shown: what `validate` prints, so a missing BOS or a wrong template is seen before a run.
+    first_prompt_shown: str = ""
 
 
 def read_data_files(cfg: Config) -> None:
@@ -103,6 +106,7 @@ def tokenized_inputs(cfg: Config) -> RunInputs:
         skipped_rows=skipped + eval_skipped,
         dropped_too_long=dropped + eval_dropped,
         dropped_by_difficulty=out_of_band,
+        first_prompt_shown=tokenizer.decode(list(train[0].token_ids), skip_special_tokens=False) if train else "",
     )
 
 

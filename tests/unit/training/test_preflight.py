@@ -257,3 +257,19 @@ def test_each_data_file_is_looked_for_once_so_a_hub_dataset_is_asked_for_once(pr
     (project / "data" / "train.jsonl").unlink()
     with pytest.raises(inputs.DataError, match="data.train_files: .*train.jsonl does not exist"):
         preflight(cfg, connect=False)
+
+
+def test_validate_shows_the_first_training_prompt_as_the_model_sees_it(project):
+    """With the chat template its markers are shown; as plain text the prompt is the text alone (the
+    tiny tokenizer adds no BOS; one that does shows it: tests/integration/test_gemma3.py)."""
+    first = "10+10="  # the project's first row
+    templated = validate(project / "recipe.yaml")
+    assert templated.exit_code == 0, templated.output
+    shown = templated.output.split("# the first training prompt as the model sees it (", 1)[1]
+    assert shown.startswith("14 tokens, special tokens shown)\n| <|im_start|>user\n| 10+10=<|im_end|>\n"), shown
+    plain = validate(project / "recipe.yaml", "--set", "data.apply_chat_template=false")
+    assert plain.exit_code == 0, plain.output
+    assert f"it (6 tokens, special tokens shown)\n| {first}\n\n# checked:" in plain.output
+    import grpo_ray
+
+    assert grpo_ray.validate(project / "recipe.yaml").first_prompt.startswith("<|im_start|>user\n10+10=")
