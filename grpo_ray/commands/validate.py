@@ -4,16 +4,22 @@ what a run needs (models, rewards, data, resources) are training/preflight.py's,
 
 from __future__ import annotations
 
+import os
+
 import yaml
 
 from grpo_ray.config import Config, config_to_dict, describe_resources, plan_batches, plan_resources, plan_stages
-from grpo_ray.config.memory import memory_plan
+from grpo_ray.config.host_memory import MachineMemory, host_memory_warning, host_plan_lines, host_roles, on_the_cpu
+from grpo_ray.config.memory import GIB, SIZE_NOT_KNOWN, memory_plan
 from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments
 
 
-def plan_report(cfg: Config, gpu_memory_gb: float, with_config: bool = False) -> tuple[list[str], list[str]]:
+def plan_report(
+    cfg: Config, gpu_memory_gb: float, with_config: bool = False, machine: MachineMemory | None = None
+) -> tuple[list[str], list[str]]:
     """(lines to print, warnings of the memory plan); with_config: the resolved config first (about
-    230 lines: `validate --verbose`, where it would otherwise bury the verdict)."""
+    230 lines: `validate --verbose`, where it would otherwise bury the verdict). machine: the memory
+    the host plan is weighed against (default: this machine's now)."""
     plan = plan_batches(cfg)
     lines = (
         ["# resolved config", yaml.safe_dump(config_to_dict(cfg), sort_keys=False).rstrip(), ""] if with_config else []
@@ -46,11 +52,39 @@ def plan_report(cfg: Config, gpu_memory_gb: float, with_config: bool = False) ->
         "drop-easy": cfg.polaris.drop_easy_threshold is not None,
     }
     lines.append("batch techniques               " + (", ".join(name for name, on in switches.items() if on) or "none"))
-    memory, warnings = memory_plan(cfg, gpu_memory_gb)
-    lines += ["", f"# memory per GPU (estimate; --gpu-memory-gb {gpu_memory_gb:g})", *memory]
+    warnings = []
+    if any(role.num_gpus for role in plan_resources(cfg)):
+        memory, warnings = memory_plan(cfg, gpu_memory_gb)
+        lines += ["", f"# memory per GPU (estimate; --gpu-memory-gb {gpu_memory_gb:g})", *memory]
+    if on_the_cpu(cfg):
+        host, warning = _host_plan(cfg, machine or machine_memory())
+        lines += host
+        warnings += [warning] if warning else []
     lines += ["", "# learning rate (learner.lr_schedule; actor/lr in MLflow)"]
     lines += describe_lr_segments(plan_lr_segments(cfg))
     return lines, warnings
+
+
+def _host_plan(cfg: Config, machine: MachineMemory) -> tuple[list[str], str | None]:
+    """The host memory section of the roles on the CPU, and its warning near Ray's memory monitor."""
+    header = (
+        f"# host memory of the roles on the CPU (estimate; this machine {machine.total / GIB:.1f} GiB, "
+        f"{machine.available / GIB:.1f} available now; Ray kills workers above {machine.threshold:g} of it)"
+    )
+    roles = host_roles(cfg)
+    if roles is None:
+        return ["", header, f"policy {cfg.model.path}: {SIZE_NOT_KNOWN}"], None
+    return ["", header, *host_plan_lines(roles)], host_memory_warning(roles, machine)
+
+
+def machine_memory() -> MachineMemory:
+    """This machine's total and available memory now (psutil), and the threshold of Ray's memory
+    monitor as a local Ray will read it (RAY_memory_usage_threshold, Ray's default 0.95)."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    threshold = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
+    return MachineMemory(float(memory.total), float(memory.available), threshold)
 
 
 def _distillation(cfg: Config) -> str:

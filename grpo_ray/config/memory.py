@@ -18,8 +18,11 @@ over its tensor-parallel GPUs) and vLLM gives the KV cache what gpu_memory_utili
 utilization x GPU - weights; a token's KV entry is 2 x layers x kv_heads x head_dim x b. The
 reference and each teacher (distillation.teachers) hold their weights alone, P' x b, on their own
 GPU or beside the learner's state on its GPU (a fraction of one each, or colocated).
+What grows with the vocabulary is counted per role (config/vocab_memory.py): the learner's and each
+scorer's log-prob pass over a micro-batch (a chunk of it when the head is chunked), the rollout
+engine's decoding step (inside vLLM's gpu_memory_utilization, so taken from its KV cache).
 Activations are not estimated (they grow with micro_batch_size x sequence length; see
-learner.gradient_checkpointing). GiB = 2^30 bytes throughout.
+learner.gradient_checkpointing). GiB = 2^30 bytes throughout. Roles on the CPU: config/host_memory.py.
 
 Parameter counts come from the model folder's config.json, or from config/architectures.py's
 `ARCHITECTURES` for hub ids that cannot be read offline (Qwen2.5 sizes, the tiny model).
@@ -32,9 +35,10 @@ from dataclasses import dataclass
 from grpo_ray.config.architectures import Architecture, find_architecture
 from grpo_ray.config.distillation import TeacherConfig
 from grpo_ray.config.schema import Config
+from grpo_ray.config.vocab_memory import VocabTerm, sampling_vocab, scoring_vocab
 
 GIB = 1 << 30
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _QUANTIZED_BYTES = {"4bit": 0.5, "8bit": 1.0}
 
 
@@ -66,7 +70,7 @@ def learner_memory(
     offload_params: bool = False,
 ) -> LearnerMemory:
     """Per-GPU bytes of one learner rank; ``lora_parameters`` > 0 means LoRA (frozen base)."""
-    b = _DTYPE_BYTES[dtype]
+    b = DTYPE_BYTES[dtype]
     adam = 8 + (4 if b < 4 else 0)  # m, v, and a float32 master copy of 16-bit weights
     moments = 0 if offload_optimizer else 8
     if lora_parameters:
@@ -91,7 +95,7 @@ def rollout_memory(
 ) -> tuple[float, float, float]:
     """(weights, LoRA adapter, KV cache) bytes per rollout GPU: vLLM gives the KV cache what
     `utilization` of the GPU leaves after the weights (negative: the weights alone do not fit)."""
-    b = _DTYPE_BYTES[dtype]
+    b = DTYPE_BYTES[dtype]
     weights = arch.parameters * b / tensor_parallel
     adapter = lora_parameters * b / tensor_parallel
     return weights, adapter, utilization * gpu_bytes - weights - adapter
@@ -99,6 +103,11 @@ def rollout_memory(
 
 def _gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
+
+
+def vocab_text(term: VocabTerm) -> str:
+    """ "logits 0.28 GiB (3 x [512, 49152] float32, chunks of 512)"."""
+    return f"logits {_gib(term.bytes)} ({term.copies} x [{term.positions}, {term.vocab}] float32, {term.path})"
 
 
 # A hub id not in ARCHITECTURES: said as a fact of the plan, not as an error (the run may be fine).
@@ -118,7 +127,8 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
         f"policy {cfg.model.path}: {policy.parameters / 1e6:,.1f} M parameters"
         + (f", LoRA r{lora.rank} {adapter / 1e6:.2f} M" if adapter else "")
     ]
-    per_gpu: dict[str, float] = {}
+    per_gpu: dict[str, float] = {}  # what each role holds through the step
+    passes: dict[str, float] = {}  # and the vocabulary-sized tensors of its own pass, on top for a while
     ln = cfg.learner
     learner = learner_memory(
         policy.parameters,
@@ -130,25 +140,19 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
         offload_optimizer=ln.offload_optimizer == "cpu",
         offload_params=ln.offload_params == "cpu",
     )
-    per_gpu["learner"] = learner.total
+    logits = scoring_vocab(cfg, policy, with_grad=True)
+    per_gpu["learner"], passes["learner"] = learner.total, logits.bytes
     lines.append(
         f"learner      weights {_gib(learner.weights)}  gradients {_gib(learner.gradients)}  optimizer "
         f"{_gib(learner.optimizer)}  LoRA {_gib(learner.lora)}  total {_gib(learner.total)} per rank "
-        f"({ln.num_workers} rank{'s' if ln.num_workers > 1 else ''}, ZeRO-{ln.zero_stage}; activations not counted)"
+        f"({ln.num_workers} rank{'s' if ln.num_workers > 1 else ''}, ZeRO-{ln.zero_stage}); {vocab_text(logits)}; "
+        "activations not counted"
     )
     r = cfg.rollout
     utilization = r.vllm.gpu_memory_utilization if r.backend == "vllm" and r.num_gpus > 0 else 0.0
-    weights, adapter_bytes, kv = rollout_memory(
-        policy, cfg.model.dtype, r.tensor_parallel_size, gpu, utilization, adapter
-    )
-    per_gpu["rollout"] = max(weights + adapter_bytes, utilization * gpu)
-    kv_text = (
-        f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(_DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
-        if utilization
-        else "KV cache grows with the batch (no vLLM GPU pre-allocation)"
-    )
-    lines.append(f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {kv_text} per GPU")
-    lines += _scoring_rows(cfg, per_gpu, gpu)
+    row, kv = _rollout_row(cfg, policy, adapter, gpu, utilization, per_gpu, passes)
+    lines.append(row)
+    lines += _scoring_rows(cfg, per_gpu, passes, gpu)
     if utilization and _shares_gpu(cfg, "learner", "rollout"):
         # The reference and teachers on the learner's GPU hold their weights through both phases.
         beside = [role for role in _scoring_roles(cfg) if role in per_gpu and _shares_gpu(cfg, "learner", role)]
@@ -161,7 +165,34 @@ def memory_plan(cfg: Config, gpu_memory_gb: float) -> tuple[list[str], list[str]
             _listed(["learner", *beside]),
             away,
         )
-    return lines, _memory_warnings(cfg, per_gpu, gpu, kv if utilization else None)
+    return lines, _memory_warnings(cfg, per_gpu, passes, gpu, kv if utilization else None)
+
+
+def _rollout_row(
+    cfg: Config,
+    policy: Architecture,
+    adapter: int,
+    gpu: float,
+    utilization: float,
+    per_gpu: dict[str, float],
+    passes: dict[str, float],
+) -> tuple[str, float]:
+    """(the rollout's row, its vLLM KV cache per GPU): weights, adapter, a decoding step's logits;
+    what it holds and its pass go into `per_gpu` and `passes`."""
+    weights, adapter_bytes, kv = rollout_memory(
+        policy, cfg.model.dtype, cfg.rollout.tensor_parallel_size, gpu, utilization, adapter
+    )
+    sampling = sampling_vocab(cfg, policy)
+    kv -= sampling.bytes  # vLLM profiles its sampler inside its share: the KV cache gets the rest
+    per_gpu["rollout"] = max(weights + adapter_bytes, utilization * gpu)
+    passes["rollout"] = 0.0 if utilization else sampling.bytes
+    kv_text = (
+        f"KV cache {_gib(kv)} ({max(kv, 0) / policy.kv_bytes_per_token(DTYPE_BYTES[cfg.model.dtype]):,.0f} tokens)"
+        if utilization
+        else "KV cache grows with the batch (no vLLM GPU pre-allocation)"
+    )
+    row = f"rollout      weights {_gib(weights)}  LoRA {_gib(adapter_bytes)}  {vocab_text(sampling)}  {kv_text} per GPU"
+    return row, kv
 
 
 def _scoring_roles(cfg: Config) -> dict[str, tuple[str, str]]:
@@ -174,7 +205,7 @@ def _scoring_roles(cfg: Config) -> dict[str, tuple[str, str]]:
     }
 
 
-def _scoring_rows(cfg: Config, per_gpu: dict[str, float], gpu: float) -> list[str]:
+def _scoring_rows(cfg: Config, per_gpu: dict[str, float], passes: dict[str, float], gpu: float) -> list[str]:
     """One row per scoring model: its weights at model.dtype, or the share of the GPU its vLLM
     engine takes (added to `per_gpu`), and where they are when not on a GPU of their own (the CPU,
     or the learner's GPU); one whose size is not known says so; a url teacher takes no memory here."""
@@ -185,11 +216,15 @@ def _scoring_rows(cfg: Config, per_gpu: dict[str, float], gpu: float) -> list[st
         if arch is None:
             lines.append(f"{role:<12} {path}: {SIZE_NOT_KNOWN}")
             continue
-        weights = arch.parameters * _DTYPE_BYTES[cfg.model.dtype]
+        weights = arch.parameters * DTYPE_BYTES[cfg.model.dtype]
         on_gpu = bool(_role_gpus(cfg)[role])
         where = "" if on_gpu else ", on the CPU"
         where = ", on the learner's GPU" if _shares_gpu(cfg, "learner", role) else where
         per_gpu[role], engine = _teacher_engine(engines.get(role), weights, gpu if on_gpu else 0.0)
+        if role not in engines:  # a vLLM engine's log-prob pass is inside its own share
+            logits = scoring_vocab(cfg, arch, with_grad=False)
+            passes[role] = logits.bytes
+            engine = f"; {vocab_text(logits)}"
         lines.append(f"{role:<12} weights {_gib(weights)} ({shown}{where}){engine}")
     lines += [
         f"{'teacher-' + t.name:<12} served at {t.shown}: no memory here" for t in cfg.distillation.teachers if t.served
@@ -280,7 +315,15 @@ def phase_lines(
     return lines
 
 
-def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: float | None) -> list[str]:
+def _needed(roles: list[str], per_gpu: dict[str, float], passes: dict[str, float]) -> float:
+    """What roles on one GPU need together: all they hold, and the largest one pass among them (the
+    learner's, the reference's and a teacher's log-prob passes come one after the other)."""
+    return sum(per_gpu[role] for role in roles) + max(passes.get(role, 0.0) for role in roles)
+
+
+def _memory_warnings(
+    cfg: Config, per_gpu: dict[str, float], passes: dict[str, float], gpu: float, kv: float | None
+) -> list[str]:
     gpus = _role_gpus(cfg)
     warnings = []
     if kv is not None and kv <= 0:
@@ -290,25 +333,25 @@ def _memory_warnings(cfg: Config, per_gpu: dict[str, float], gpu: float, kv: flo
         )
     for i, t in enumerate(cfg.distillation.teachers):
         arch = find_architecture(t.model_path) if t.backend == "vllm" and t.num_gpus else None
-        if arch and arch.parameters * _DTYPE_BYTES[cfg.model.dtype] >= t.gpu_memory_utilization * gpu:
+        if arch and arch.parameters * DTYPE_BYTES[cfg.model.dtype] >= t.gpu_memory_utilization * gpu:
             warnings.append(
                 f"teacher-{t.name}: the weights leave no KV cache in distillation.teachers.{i}."
                 f"gpu_memory_utilization {t.gpu_memory_utilization:g} of the GPU; raise it"
             )
     colocated = [role for role in cfg.placement.colocate if role in per_gpu and gpus[role] > 0]
-    if len(colocated) > 1 and sum(per_gpu[role] for role in colocated) > gpu:
-        total = sum(per_gpu[role] for role in colocated)
+    if len(colocated) > 1 and (total := _needed(colocated, per_gpu, passes)) > gpu:
         warnings.append(
             f"{' + '.join(colocated)} share a GPU and need {_gib(total)}, more than --gpu-memory-gb {gpu / GIB:g}"
         )
-    for role, need in per_gpu.items():
+    for role in per_gpu:
+        need = _needed([role], per_gpu, passes)
         if gpus[role] > 0 and role not in colocated and need > gpu:
             warnings.append(f"{role} needs {_gib(need)} per GPU, more than --gpu-memory-gb {gpu / GIB:g}")
     # A teacher on a fraction of the learner's GPU: its weights beside what the learner's GPU holds.
     beside = [role for role in _scoring_roles(cfg) if role in per_gpu and _shares_gpu(cfg, "learner", role)]
     if any(role.startswith("teacher-") for role in beside):
         shared = list(dict.fromkeys([*(colocated if "learner" in colocated else ["learner"]), *beside]))
-        if (total := sum(per_gpu[role] for role in shared)) > gpu:
+        if (total := _needed(shared, per_gpu, passes)) > gpu:
             warnings.append(
                 f"{' + '.join(shared)} share a GPU and need {_gib(total)}, more than --gpu-memory-gb {gpu / GIB:g}"
             )

@@ -99,16 +99,20 @@ def test_validate_warns_when_a_role_exceeds_the_gpu():
     assert re.search(r"reference +weights 14\.19 GiB", roomy.output)
     small = runner.invoke(main, ["validate", str(CONFIGS / "gsm8k-ref7b.yaml"), "--gpu-memory-gb", "40", "--plan-only"])
     assert small.exit_code == 0
-    assert "warning: learner needs 45.98 GiB per GPU, more than --gpu-memory-gb 40" in small.output
+    # It needs its state and its log-prob chunks: 3 x [512, 151936] float32 = 933,494,784 B, so
+    # (49,375,019,008 + 933,494,784) / 2^30 = 46.85 GiB.
+    assert "warning: learner needs 46.85 GiB per GPU, more than --gpu-memory-gb 40" in small.output
 
 
 def test_colocated_roles_are_added_up():
     # gsm8k-lora-zero2: learner 2.89 GiB (the adapter's Adam state offloaded) + hf rollout 2.89 GiB on
-    # each 8 GB GPU fits; on 4 it does not.
+    # each 8 GB GPU, and the larger of their passes: the learner's log-prob chunks, 3 x [512, 151936]
+    # float32 = 933,494,784 B (0.87 GiB; the rollout's decoding step is 4 x [32, 151936] x 4 B = 0.07
+    # GiB): 6.64 GiB (5.78 before rounding each to 2.89) fits 8; on 4 it does not.
     cfg = load_config(CONFIGS / "gsm8k-lora-zero2.yaml")
     assert memory_plan(cfg, 8)[1] == []
     [warning] = memory_plan(cfg, 4)[1]
-    assert warning.startswith("learner + rollout share a GPU and need 5.78 GiB") and "--gpu-memory-gb 4" in warning
+    assert warning.startswith("learner + rollout share a GPU and need 6.64 GiB") and "--gpu-memory-gb 4" in warning
 
 
 @pytest.mark.parametrize("gb", ["0", "-1"])
@@ -194,13 +198,18 @@ def test_a_teacher_is_a_row_of_its_weights_and_counts_on_the_learners_gpu_when_i
     teacher = "distillation.teachers=[{name: big, model_path: Qwen/Qwen2.5-1.5B-Instruct, num_gpus: 0.2}]"
     cfg = load_config(CONFIGS / "gsm8k.yaml", [teacher])
     lines, warnings = memory_plan(cfg, 80)
-    assert "teacher-big  weights 2.88 GiB (Qwen/Qwen2.5-1.5B-Instruct, on the learner's GPU)" in lines
+    # Its log-prob pass over a micro-batch of 16 x 512 completion tokens, a chunk at a time: 3 x
+    # [512, 151936] float32 = 0.87 GiB, counted while it runs (the phases count what is held).
+    assert (
+        "teacher-big  weights 2.88 GiB (Qwen/Qwen2.5-1.5B-Instruct, on the learner's GPU); "
+        "logits 0.87 GiB (3 x [512, 151936] float32, chunks of 512)"
+    ) in lines
     [phases] = [line for line in lines if line.startswith("one GPU in two phases")]
     assert "rollout: learner, reference and teacher-big 11.16 GiB + vLLM 24.00 GiB = 35.16 GiB" in phases
     assert warnings == []
-    # On a 10 GiB GPU the three do not fit together, though each alone would.
+    # On a 10 GiB GPU the three do not fit together, though each alone would: 11.16 + one pass's 0.87.
     assert memory_plan(cfg, 10)[1] == [
-        "learner + reference + teacher-big share a GPU and need 11.16 GiB, more than --gpu-memory-gb 10"
+        "learner + reference + teacher-big share a GPU and need 12.03 GiB, more than --gpu-memory-gb 10"
     ]
 
 
@@ -212,6 +221,8 @@ def test_a_teacher_on_a_gpu_of_its_own_is_warned_about_when_it_does_not_fit_and_
     )
     cfg = load_config(CONFIGS / "gsm8k.yaml", [teachers])
     lines, warnings = memory_plan(cfg, 16)
-    assert "teacher-big  weights 14.19 GiB (Qwen/Qwen2.5-7B-Instruct)" in lines and warnings == []
+    teacher = "teacher-big  weights 14.19 GiB (Qwen/Qwen2.5-7B-Instruct); logits 0.87 GiB (3 x [512, 152064] float32"
+    assert any(line.startswith(teacher) for line in lines) and warnings == []
     assert any(line.startswith("teacher-other someone/unknown-9b: its size is not known here") for line in lines)
-    assert memory_plan(cfg, 12)[1] == ["teacher-big needs 14.19 GiB per GPU, more than --gpu-memory-gb 12"]
+    # 14.19 GiB + its chunks 3 x [512, 152064] x 4 B = 934,281,216 B: 15,231,233,024 + 934,281,216 B = 15.06 GiB.
+    assert memory_plan(cfg, 12)[1] == ["teacher-big needs 15.06 GiB per GPU, more than --gpu-memory-gb 12"]
