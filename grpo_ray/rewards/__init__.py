@@ -12,7 +12,7 @@ processes import it cheaply and it is tested on CPU.
 
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
-from grpo_ray.rewards.gsm8k import extract_gsm8k_answer, gsm8k
+from grpo_ray.rewards.gsm8k import extract_gsm8k_answer, first_number, gsm8k
 from grpo_ray.rewards.heuristics import (
     gsm8k_answer_format,
     keywords,
@@ -40,6 +40,7 @@ __all__ = [
     "RewardSpecError",
     "exact_match",
     "extract_gsm8k_answer",
+    "first_number",
     "gsm8k",
     "gsm8k_answer_format",
     "http_reward",

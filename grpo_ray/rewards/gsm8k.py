@@ -96,3 +96,25 @@ def gsm8k(completions: list[str], prompts: list[str], answers: list[str], **_row
         correct = gsm8k_correct(completion, answer)
         scores.append(None if correct is None else float(correct))
     return scores
+
+
+def first_number(completions: list[str], prompts: list[str], answers: list[str], **_row_fields) -> list[float | None]:
+    """1.0 where the completion's first number equals the gold answer's (last) number, 0.0 where not.
+
+    For a base model asked in a few-shot format: it answers, then goes on writing the next
+    "Question: ..." of the pattern, so its answer is the first number it writes, not the last.
+
+    >>> first_number([" 18\\n\\nQuestion: What is 20 + 3?", " 17", "I think 18"], [""] * 3, ["18"] * 3)
+    [1.0, 0.0, 1.0]
+    >>> first_number(["18"], [""], ["no number here"])
+    [None]
+    """
+    scores: list[float | None] = []
+    for completion, answer in zip(completions, answers, strict=True):
+        gold = extract_gsm8k_answer(answer)
+        if gold is None:
+            scores.append(None)
+            continue
+        numbers = _numbers(str(completion))
+        scores.append(float(bool(numbers) and gsm8k_answers_equal(numbers[0], gold)))
+    return scores

@@ -41,7 +41,7 @@ from grpo_ray.user_code import load_attribute
 from grpo_ray.rewards.environment import environment_reward
 from grpo_ray.rewards.exact_match import exact_match
 from grpo_ray.rewards.format import think_answer_format
-from grpo_ray.rewards.gsm8k import gsm8k
+from grpo_ray.rewards.gsm8k import first_number, gsm8k
 from grpo_ray.rewards.heuristics import (
     gsm8k_answer_format,
     keywords,
@@ -60,6 +60,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "exact_match": exact_match,
     "math": math_reward,
     "gsm8k": gsm8k,
+    "first_number": first_number,
     "format": think_answer_format,
     "think_tag_diversity": think_tag_diversity,
     "length_words": length_words,
