@@ -10,8 +10,9 @@ TINY_TOOLS = "tiny-tools"  # the tiny model pre-trained to call a calculator (mo
 # The tiny model after GRPO on its own task (tiny:train), a teacher for it (models/tiny_teacher.py).
 TINY_TEACHER = "tiny-teacher"
 SMOLLM2 = "smollm2-135m"  # SmolLM2-135M-Instruct, installed from PyPI (models/smollm2.py)
-BUILT_IN_MODELS = (TINY, TINY_TOOLS, TINY_TEACHER, SMOLLM2)
+GEMMA3 = "gemma3-270m"  # Gemma 3 270M, a base model, installed from PyPI on request (models/gemma3.py)
+BUILT_IN_MODELS = (TINY, TINY_TOOLS, TINY_TEACHER, SMOLLM2, GEMMA3)
 
 # data.train_files / eval_files: "<name>:train" and "<name>:heldout", each built-in model's task.
-BUILT_IN_DATA = (TINY, TINY_TOOLS, SMOLLM2)
+BUILT_IN_DATA = (TINY, TINY_TOOLS, SMOLLM2, GEMMA3)
 BUILT_IN_DATA_PREFIXES = tuple(f"{name}:" for name in BUILT_IN_DATA)

@@ -229,7 +229,7 @@ SAMPLING_OPTIONS = (
     click.option("--seed", default=0, show_default=True, type=int),
     click.option("--tracking-uri", default=None, help="MLflow tracking URI; default: sqlite under --output-dir."),
 )
-MODEL_HELP = "Hub id, local folder, or a built-in: tiny, tiny-tools, tiny-teacher, smollm2-135m."
+MODEL_HELP = "Hub id, local folder, or a built-in: tiny, tiny-tools, tiny-teacher, smollm2-135m, gemma3-270m."
 DATA_HELP = "file (parquet, jsonl, ...), hub id, or a built-in task (tiny:heldout, smollm2-135m:heldout); repeatable."
 
 

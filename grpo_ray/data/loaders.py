@@ -2,7 +2,7 @@
 ids through `datasets`).
 
 Row shapes (POLARIS, GSM8K, verl-style parquet, generic fields) are detected per row by
-`grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" (and "tiny-tools:", "smollm2-135m:") name the
+`grpo_ray.data.formats`; "tiny:train" / "tiny:heldout" (and "tiny-tools:", "smollm2-135m:", "gemma3-270m:") name the
 built-in models' offline tasks.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, SMOLLM2, TINY
+from grpo_ray.builtin_names import BUILT_IN_DATA_PREFIXES, GEMMA3, SMOLLM2, TINY
 from grpo_ray.errors import first_line, missing_path_hint
 from grpo_ray.data.formats import GENERIC_ANSWER_FIELDS, GENERIC_PROMPT_FIELDS, PromptShapeError, parse_row
 
@@ -51,6 +51,10 @@ def resolve_data_path(spec: str) -> str:
         from grpo_ray.models.smollm2 import ensure_smollm2_data
 
         files = dict(zip(("train", "heldout"), ensure_smollm2_data()))
+    elif name == GEMMA3:
+        from grpo_ray.models.gemma3 import ensure_gemma3_data
+
+        files = dict(zip(("train", "heldout"), ensure_gemma3_data()))
     else:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
         from grpo_ray.models.tiny_tools import ensure_tiny_tools_artifacts

@@ -16,11 +16,11 @@ from grpo_ray.errors import ModelLoadError, first_line  # noqa: F401 (ModelLoadE
 from grpo_ray.models.transformers_import import without_sklearn
 from grpo_ray.types import WeightSpec
 
-from grpo_ray.builtin_names import BUILT_IN_MODELS, SMOLLM2, TINY, TINY_TEACHER, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
+from grpo_ray.builtin_names import BUILT_IN_MODELS, GEMMA3, SMOLLM2, TINY, TINY_TEACHER, TINY_TOOLS  # noqa: F401 (BUILT_IN_MODELS: API)
 
 
 def resolve_model_path(path: str) -> str:
-    """ "tiny", "tiny-tools", "tiny-teacher", "smollm2-135m" -> the cached offline model folder (built
+    """ "tiny", "tiny-tools", "tiny-teacher", "smollm2-135m", "gemma3-270m" -> the cached offline model folder (built
     once); anything else unchanged."""
     if path == TINY:
         from grpo_ray.models.tiny import ensure_tiny_artifacts
@@ -38,6 +38,10 @@ def resolve_model_path(path: str) -> str:
         from grpo_ray.models.smollm2 import ensure_smollm2
 
         return str(ensure_smollm2())
+    if path == GEMMA3:
+        from grpo_ray.models.gemma3 import ensure_gemma3
+
+        return str(ensure_gemma3())
     return path
 
 
