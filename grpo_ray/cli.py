@@ -142,9 +142,8 @@ def validate(
 
     quiet_driver()
     checked = preflight(cfg, address)
-    if checked.inputs.train_prompts:
-        tokens = len(checked.inputs.train_prompts[0].token_ids)
-        click.echo("\n" + "\n".join(first_prompt_lines(checked.inputs.first_prompt_shown, tokens)))
+    for line in first_prompt_lines(checked.inputs.train_prompts[:1], checked.inputs.first_prompt_shown):
+        click.echo(line)
     click.echo(
         "\n" + checked_line(cfg, len(checked.inputs.train_prompts), len(checked.inputs.eval_prompts), checked.where)
     )

@@ -12,6 +12,7 @@ from grpo_ray.config import Config, config_to_dict, describe_resources, plan_bat
 from grpo_ray.config.host_memory import MachineMemory, host_memory_warning, host_plan_lines, host_roles, on_the_cpu
 from grpo_ray.config.memory import GIB, SIZE_NOT_KNOWN, memory_plan
 from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments
+from grpo_ray.types import Prompt
 
 
 def plan_report(
@@ -98,11 +99,15 @@ def _distillation(cfg: Config) -> str:
     return f"{teachers}; coef {d.coef:g}, {signal}"
 
 
-def first_prompt_lines(shown: str, tokens: int) -> list[str]:
-    """The first training prompt as the model will see it, special tokens visible, each line behind
-    "| " so that its leading and trailing spaces and blank lines show."""
+def first_prompt_lines(first: list[Prompt], shown: str) -> list[str]:
+    """The first training prompt (`first`: it alone, or none) as the model will see it, `shown` its
+    tokens decoded with the special tokens visible, each line behind "| " so that leading and
+    trailing spaces and blank lines show; after a blank line."""
+    if not first:
+        return []
     return [
-        f"# the first training prompt as the model sees it ({tokens} tokens, special tokens shown)",
+        "",
+        f"# the first training prompt as the model sees it ({len(first[0].token_ids)} tokens, special tokens shown)",
         *(f"| {line}" for line in shown.split("\n")),
     ]
 
