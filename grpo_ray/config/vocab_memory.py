@@ -42,7 +42,7 @@ VLLM_SAMPLING = 3
 
 # models/lm_head.py's PLAIN_HEAD_TYPES, the families whose LM head may run a chunk at a time (config
 # may not import models/; tests/unit/config/test_vocab_memory.py keeps the two equal).
-CHUNKABLE_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral"})
+CHUNKABLE_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma3_text"})
 
 
 @dataclass(frozen=True)

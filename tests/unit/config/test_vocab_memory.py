@@ -66,19 +66,22 @@ def test_sliding_window_layers_keep_their_window_of_kv():
     assert GEMMA.kv_bytes(100, 4) == 2 * 18 * 100 * 256 * 4
 
 
-def test_gemma_takes_the_full_logits_and_they_dominate_its_micro_batch():
-    # Gemma's head is not handed to the chunked path (models/lm_head.py): a micro-batch of 64
-    # completions of 16 tokens is 1,024 positions of 262,144 float32 logits = 1 GiB a copy; the
-    # learner holds 4 (logits, exp temporary, entropy's probabilities, gradient): 4 GiB, against
-    # 268,098,176 x 4 B = 1.0 GiB of float32 weights.
-    assert not head_is_chunkable(GEMMA.model_type)
+def test_gemma_full_logits_dominate_its_micro_batch_and_its_head_is_chunked():
+    # Without chunks (learner.logprob_chunk_tokens 0), a micro-batch of 64 completions of 16 tokens
+    # is 1,024 positions of 262,144 float32 logits = 1 GiB a copy; the learner holds 4 (logits, exp
+    # temporary, entropy's probabilities, gradient): 4 GiB, against 268,098,176 x 4 B = 1.0 GiB of
+    # float32 weights.
     positions = micro_batch_positions(64, 16)
-    learner = scoring_term(GEMMA.vocab, positions, chunk_tokens=512, chunkable=False, with_grad=True)
+    learner = scoring_term(GEMMA.vocab, positions, chunk_tokens=0, chunkable=True, with_grad=True)
     assert (learner.positions, learner.copies, learner.bytes) == (1024, 4, 4 * GIB)
     # The reference: no gradient, 3 copies; a temperature other than 1 divides into one more.
-    assert scoring_term(GEMMA.vocab, positions, chunk_tokens=512, chunkable=False, with_grad=False).bytes == 3 * GIB
-    hot = scoring_term(GEMMA.vocab, positions, chunk_tokens=512, chunkable=False, with_grad=True, temperature=0.7)
+    assert scoring_term(GEMMA.vocab, positions, chunk_tokens=0, chunkable=True, with_grad=False).bytes == 3 * GIB
+    hot = scoring_term(GEMMA.vocab, positions, chunk_tokens=0, chunkable=True, with_grad=True, temperature=0.7)
     assert hot.bytes == 5 * GIB
+    # Gemma 3's head is lm_head(hidden) alone (no soft-cap): chunks of 512 hold 3 x 512 x 262,144 x 4 B.
+    assert head_is_chunkable(GEMMA.model_type)
+    chunked = scoring_term(GEMMA.vocab, positions, chunk_tokens=512, chunkable=True, with_grad=True)
+    assert chunked.bytes == 1_610_612_736 and chunked.path == "chunks of 512"
 
 
 def test_a_chunked_head_holds_a_chunk_whatever_the_batch():
@@ -113,9 +116,9 @@ def test_sampling_a_decoding_step():
 
 def test_the_recipe_path_for_gemma_on_smollm2s_recipe():
     # configs/smollm2-arithmetic.yaml's batch (micro_batch_size 64, max_new_tokens 16, temperature 1)
-    # with the gemma model: the full-logits term of test_gemma_takes_the_full_logits...
+    # with the gemma model: the chunked term of test_gemma_full_logits_dominate..., 1.5 GiB.
     cfg = load_config(CONFIGS / "smollm2-arithmetic.yaml")
-    assert scoring_vocab(cfg, GEMMA, with_grad=True).bytes == 4 * GIB
+    assert scoring_vocab(cfg, GEMMA, with_grad=True).bytes == 1_610_612_736
     assert scoring_vocab(cfg, find_architecture("smollm2-135m"), with_grad=True).bytes == 301_989_888
 
 

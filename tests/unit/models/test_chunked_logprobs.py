@@ -155,6 +155,40 @@ def test_qwen2_vocabulary_model_agrees(qwen2_vocab_model):
     )
 
 
+def random_gemma3(**overrides):
+    """A 2-layer Gemma 3 (one sliding-window layer of 4 tokens, one full), tied head, float32."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=300,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+        **overrides,
+    )
+    return Gemma3ForCausalLM(config).float()
+
+
+def test_a_gemma3_model_sliding_window_included_agrees_and_a_soft_capped_one_is_refused():
+    model = random_gemma3()
+    assert plain_lm_head(model) is model.lm_head
+    ids, mask, completion = _rows()
+    _compare_paths(
+        model,
+        lambda chunk: completion_logprobs(
+            model, ids, mask, completion, 0.9, with_entropy=True, entropy_grad=True, chunk_tokens=chunk
+        ),
+    )
+    # Gemma 2's way, tanh(logits / cap) * cap: not lm_head(hidden) alone.
+    assert plain_lm_head(random_gemma3(final_logit_softcapping=30.0)) is None
+
+
 def test_heads_other_than_a_plain_linear_take_the_full_path(qwen2_vocab_model):
     from peft import LoraConfig, get_peft_model
     from transformers import GPT2Config, GPT2LMHeadModel
