@@ -15,6 +15,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from grpo_ray.errors import EXCEPTION_LINE, ClusterError, first_line
 from grpo_ray.cluster.fit import NodeView, plan_bundles, shortfalls
+from grpo_ray.cluster.memory_kills import (
+    MemoryKill,
+    Victim,
+    killed_text,
+    memory_kill_line,
+    parse_memory_kill,
+    victim_kind,
+)
 from grpo_ray.config import RoleResources
 
 
@@ -105,7 +113,74 @@ def spawn(
         max_task_retries=0,
         **({"concurrency_groups": concurrency_groups} if concurrency_groups else {}),
     )(cls)
-    return remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
+    actor = remote_cls.options(scheduling_strategy=placement.strategy(role, index), name=None).remote(*args)
+    _NAMES[actor._actor_id.hex()] = name
+    return actor
+
+
+# Each actor's name in the run (learner-0, rollout-1, ...) by its Ray actor id, as spawn gave it:
+# Ray's memory monitor names the workers it killed by actor id alone.
+_NAMES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class KilledForMemory:
+    """A memory-monitor kill of one of the run's actors: Ray's figures, the victim, its name."""
+
+    kill: MemoryKill
+    victim: Victim | None  # None when Ray's report lists several and none is the run's
+    name: str | None  # None when the victim is not known by actor id (killed in its constructor)
+
+    @property
+    def actor_id(self) -> str | None:
+        return self.victim.actor_id if self.victim else None
+
+    @property
+    def kind(self) -> str | None:
+        """The victim's role ("rollout", "learner", ...), None when unknown."""
+        return victim_kind(self.name, self.victim)
+
+    @property
+    def text(self) -> str:
+        """What happened, without the advice (memory_kills.killed_text)."""
+        return killed_text(self.kill, self.name, self.victim)
+
+    @property
+    def line(self) -> str:
+        """What happened and what to change."""
+        return memory_kill_line(self.kill, self.name, self.victim)
+
+
+def memory_kill(err: BaseException | None, name: str | None = None) -> KilledForMemory | None:
+    """The memory-monitor kill behind `err` (Ray's OutOfMemoryError, or an error that carries one as
+    its `cause`), its victim the run's actor where Ray's report names one; None for any other error.
+    name: the caller's name for the actor it called, for a victim Ray names by its class alone (one
+    killed in its constructor)."""
+    for candidate in (err, getattr(err, "cause", None), getattr(getattr(err, "cause", None), "cause", None)):
+        kill = parse_memory_kill(str(candidate)) if isinstance(candidate, ray.exceptions.RayError) else None
+        if kill is not None:
+            ours = [victim for victim in kill.victims if victim.actor_id in _NAMES]
+            victim = ours[0] if ours else kill.victim()
+            return KilledForMemory(kill, victim, _NAMES.get(victim.actor_id) if victim and victim.actor_id else name)
+    return None
+
+
+def memory_kill_of_process(pid: int, name: str) -> KilledForMemory | None:
+    """Ray's memory-monitor report on the dead worker process `pid` (the actor `name`), from the
+    GCS's worker table, where Ray keeps each dead worker's exit type and detail; None when it died
+    of something else. A call in flight on an actor Ray restarts raises ActorUnavailableError ("The
+    actor was restarted"), which says nothing of why; the table has the whole report."""
+    from ray._private.state import state  # Ray's own client of the GCS tables (ray.util.state needs the dashboard)
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    for raw in state._connect_and_get_accessor().get_worker_table():
+        worker = gcs_pb2.WorkerTableData.FromString(raw)
+        if worker.pid == pid and worker.exit_type == common_pb2.NODE_OUT_OF_MEMORY:
+            kill = parse_memory_kill(worker.exit_detail)
+            if kill is not None:
+                mine = [victim for victim in kill.victims if victim.pid == pid]
+                return KilledForMemory(kill, mine[0] if mine else None, name)
+    return None
 
 
 def wait_ready(actors: dict[str, Any], timeout_s: float = 600.0) -> None:
@@ -121,18 +196,23 @@ def wait_ready(actors: dict[str, Any], timeout_s: float = 600.0) -> None:
         try:
             ray.get(ref)
         except ray.exceptions.RayError as err:
-            raise ClusterError(f"{name} failed to start: {error_line(err)}") from None
+            raise ClusterError(f"{name} failed to start: {error_line(err, name)}") from None
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def error_line(err: BaseException) -> str:
+def error_line(err: BaseException, name: str | None = None) -> str:
     """The user-facing line of an exception raised inside an actor: the original exception's.
 
     Ray wraps it: a task error keeps it as `.cause`; an actor whose constructor raised only keeps
-    the remote traceback as text, whose last line is "SomeError: message".
+    the remote traceback as text, whose last line is "SomeError: message". A memory-monitor kill is
+    its own line (memory_kill; `name`: the actor's, as memory_kill takes it): Ray's report ends with a
+    paragraph of generic advice.
     """
+    killed = memory_kill(err, name)
+    if killed is not None:
+        return killed.line
     cause = getattr(err, "cause", None)
     while cause is not None and getattr(cause, "cause", None) is not None:
         cause = cause.cause
@@ -148,6 +228,33 @@ def error_line(err: BaseException) -> str:
         reasons = [line for line in lines[1:] if not _ACTOR_FIELD.match(line)]
         return " ".join(reasons) if reasons else lines[0]
     return _raised(lines)
+
+
+def telling_error(refs: list, first: ray.exceptions.RayError, timeout_s: float) -> ray.exceptions.RayError:
+    """The error that says why a call of `refs` failed, once every call has ended (at most timeout_s
+    from now): a memory-monitor kill, else an actor's death, else `first`, the one ray.get raised.
+
+    Each failed call's error is fetched here. ray.get of a list raises the first error to arrive,
+    and Ray prints an error that nobody fetched, traceback and all, when its ref is dropped: a
+    rollout worker killed mid-broadcast put the learner's gloo "Connection closed by peer" traceback
+    and Ray's whole memory report on the console while the run recovered."""
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s, fetch_local=False)
+    errors = [first]
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.GetTimeoutError:  # still running: its outcome is not this failure's
+            continue
+        except ray.exceptions.RayError as err:
+            errors.append(err)
+    return min(errors, key=_how_telling)
+
+
+def _how_telling(err: ray.exceptions.RayError) -> int:
+    """0 for a memory-monitor kill, 1 for another death of an actor, 2 for an error a death caused."""
+    if memory_kill(err) is not None:
+        return 0
+    return 1 if isinstance(err, ray.exceptions.RayActorError) else 2
 
 
 _ACTOR_FIELD = re.compile(r"^(class_name|actor_id|pid|name|namespace|ip): ")

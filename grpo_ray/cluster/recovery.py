@@ -7,6 +7,15 @@ the error, waits until Ray has it back, and brings a rollout worker to the curre
 re-issue is the caller's (the rollout service, cluster/rollout_service.py, since only it knows who
 held what; Workers.teacher_logprobs for a teacher, which holds nothing between calls). A learner
 rank and the reference are not restarted: their death ends the run.
+
+A worker Ray's memory monitor killed is told by one line (what it held, the node against Ray's
+threshold, cluster/memory_kills.py) and replaced once per role: a second kill of a worker of the
+same role ends the run. The first may be a neighbour's spike (a second job on the machine), which a
+replacement rides out; a second says the role does not fit beside what else runs, and each
+replacement costs a model load and the step's work again (65 s for a rollout worker on a 2-core
+machine) while the node stays at Ray's limit, where the next kill may be the learner's. Per role,
+not per worker: Ray kills the most recently started work first, so steady pressure can take the
+pool's workers in turn, each only once.
 """
 
 from __future__ import annotations
@@ -20,7 +29,14 @@ from typing import Any
 import ray
 
 from grpo_ray.actors.worker_errors import EngineDiedError, StaleWeightsError
-from grpo_ray.cluster.placement import ClusterError, error_line
+from grpo_ray.cluster.memory_kills import advice
+from grpo_ray.cluster.placement import (
+    ClusterError,
+    KilledForMemory,
+    error_line,
+    memory_kill,
+    memory_kill_of_process,
+)
 
 
 class WorkerRecovery:
@@ -53,6 +69,7 @@ class WorkerRecovery:
         self.seconds = 0.0  # time spent bringing workers back, in this run
         self.reissued_prompts = 0  # prompts generated again for a replaced rollout worker (the batch builder counts)
         self._restarts: Counter[tuple[str, int]] = Counter()
+        self._memory_kills: Counter[str] = Counter()  # role -> its workers Ray's memory monitor killed
         self._engine_deaths: dict[tuple[str, int], str] = {}  # the last root cause a worker's engine died of
         # Process ids now, so the log names the process that died and a worker that was only
         # unreachable for a moment (same process) is not taken for a replacement.
@@ -64,19 +81,24 @@ class WorkerRecovery:
 
         A death shows as the actor's error when a call was in flight, or, for a rollout worker Ray
         restarted while it was idle, as StaleWeightsError from its next generate call."""
-        who = self._who.get(getattr(err, "actor_id", None) or "")
+        killed = memory_kill(err)  # Ray's OutOfMemoryError names its victim in its report alone
+        who = self._who.get(getattr(err, "actor_id", None) or (killed.actor_id if killed else None) or "")
         stale, died = _cause_of(err, StaleWeightsError), _cause_of(err, EngineDiedError)
         if stale is not None or died is not None:
             who = ("rollout", (stale or died).index)
-        elif who is None or not isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)):
+        elif who is None or not isinstance(err, (*_DEATHS, ray.exceptions.ActorUnavailableError)):
             raise err
         role, index = who
         name, old_pid = self._names[who], self._pids[who]
+        self._check_memory_kill(who, killed)
         self._check_curable(who, died)
         self._check_restarts_left(who, f"{name} (process {old_pid})", f": {died or error_line(err)}")
         started = time.monotonic()
         # A worker whose engine died answers first and exits a moment later: wait for the new process.
         pid = self._wait_until_back(self._actors[role][index], name, gone=old_pid if died else None)
+        if killed is None and pid != old_pid:  # a call on an actor Ray restarts says only "restarted"
+            killed = memory_kill_of_process(old_pid, name)
+            self._check_memory_kill(who, killed)
         if role == "rollout":
             # Also when the process is the same: it may have left the broadcast group mid-call.
             self._resync()
@@ -86,10 +108,14 @@ class WorkerRecovery:
             self.log(f"{name} (process {pid}) was unreachable for a moment; its calls are issued again")
             return role, index
         self._record_replacement(who, pid)
+        weights = "; it was given the current weights" if role == "rollout" else ""
+        if killed is not None:
+            self.log(_replaced_after_memory_kill(killed, pid, seconds, weights))
+            return role, index
         self.log(
             f"{name} died and was replaced by process {pid} in {seconds:.1f} s (it was process {old_pid})"
             + (f"; its vLLM engine had died: {died.reason}" if died else "")
-            + ("; it was given the current weights" if role == "rollout" else "")
+            + weights
         )
         return role, index
 
@@ -119,28 +145,41 @@ class WorkerRecovery:
         broadcast group and the current weights. Returns how many were replaced (0: the failure was
         not a death, and the caller's error stands)."""
         started = time.monotonic()
-        replaced = []
-        died = _cause_of(err, EngineDiedError)
+        replaced, told = [], []
+        died, killed = _cause_of(err, EngineDiedError), memory_kill(err)
+        killed_who = self._who.get(killed.actor_id or "") if killed else None
         for index, actor in enumerate(self._actors["rollout"]):
             who, name = ("rollout", index), f"rollout-{index}"
             dying = died is not None and died.index == index
             if dying:
                 self._check_curable(who, died)
+            if who == killed_who:
+                self._check_memory_kill(who, killed)
             pid = self._wait_until_back(actor, name, gone=self._pids[who] if dying else None)
             if pid != self._pids[who]:
                 self._check_restarts_left(who, name)
-                replaced.append(f"{name} (process {self._pids[who]} -> {pid})")
+                if killed is None and (killed := memory_kill_of_process(self._pids[who], name)) is not None:
+                    killed_who = who
+                    self._check_memory_kill(who, killed)
+                if who == killed_who:
+                    told.append(pid)
+                else:
+                    replaced.append(f"{name} (process {self._pids[who]} -> {pid})")
                 self._record_replacement(who, pid)
+        if not replaced and not told:
+            return 0
+        self._resync()
+        seconds = time.monotonic() - started
+        self.seconds += seconds
+        sent = "; the weights were sent again"
+        if told:  # the memory monitor's victim has a line of its own, which says why and what to lower
+            self.log(_replaced_after_memory_kill(killed, told[0], seconds, sent))
         if replaced:
-            self._resync()
-            seconds = time.monotonic() - started
-            self.seconds += seconds
             self.log(
                 f"{', '.join(replaced)} died and {'was' if len(replaced) == 1 else 'were'} replaced in "
-                f"{seconds:.1f} s; "
-                "the weights were sent again"
+                f"{seconds:.1f} s{sent}"
             )
-        return len(replaced)
+        return len(replaced) + len(told)
 
     def _check_curable(self, who: tuple[str, int], died: EngineDiedError | None) -> None:
         """Stop at once when a worker's fresh engine died of the cause its last one died of, before
@@ -155,6 +194,18 @@ class WorkerRecovery:
                 f"sampling anything, so a restart cannot cure it: {died.reason}{where}"
             ) from None
         self._engine_deaths[who] = died.reason
+
+    def _check_memory_kill(self, who: tuple[str, int], killed: KilledForMemory | None) -> None:
+        """Count a memory-monitor kill of the worker `who`; stop at the second of its role (module
+        docstring: why)."""
+        if killed is None:
+            return
+        self._memory_kills[who[0]] += 1
+        if self._memory_kills[who[0]] > 1:
+            raise ClusterError(
+                f"{killed.text}; the second {who[0]} worker Ray's memory monitor killed in this run, so the "
+                f"run stops rather than replace it again: {advice(killed.kind)}"
+            ) from None
 
     def _check_restarts_left(self, who: tuple[str, int], name: str, detail: str = "") -> None:
         if self._restarts[who] >= self.max_restarts:
@@ -188,8 +239,20 @@ class WorkerRecovery:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"{name} died and Ray did not restart it within {self.timeout_s:g} s") from None
                 time.sleep(0.5)
-            except ray.exceptions.RayActorError as err:  # restarts spent or its constructor failed
+            except _DEATHS as err:  # restarts spent, its constructor failed or was killed for memory
                 raise ClusterError(f"{name} died and could not be restarted: {error_line(err)}") from None
+
+
+# What a call of a worker that died raises: a memory-monitor kill is Ray's OutOfMemoryError, no actor error.
+_DEATHS = (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError)
+
+
+def _replaced_after_memory_kill(killed: KilledForMemory, pid: int, seconds: float, weights: str) -> str:
+    """The one line of a worker the memory monitor killed and Ray replaced by process `pid`."""
+    return (
+        f"{killed.text}; it was replaced by process {pid} in {seconds:.1f} s{weights}. A second kill of a "
+        f"{killed.kind or 'worker'} worker stops the run: {advice(killed.kind)}"
+    )
 
 
 def _own_pid(_self: Any) -> int:

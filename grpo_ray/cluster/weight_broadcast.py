@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 import ray
 
-from grpo_ray.cluster.placement import error_line, node_address_and_port
+from grpo_ray.cluster.placement import error_line, node_address_and_port, telling_error
 from grpo_ray.transport.broadcast import CPU_DEVICE, choose_backend, spec_bytes
 from grpo_ray.transport.routes import Seat
 from grpo_ray.transport.probe import ProbeBaseline, read_probe, start_baseline
@@ -38,7 +38,12 @@ SYNC_GROUP = "sync"
 
 
 class WeightSyncError(RuntimeError):
-    """A rollout worker does not hold the weights the learner sent; names the worker."""
+    """A rollout worker does not hold the weights the learner sent; names the worker. `cause`: the
+    Ray error a failed call raised, where one did (recovery reads which worker died of what)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 @dataclass(frozen=True)
@@ -300,7 +305,8 @@ class WeightBroadcaster:
                 f"{', '.join(stuck)} did not finish"
             ) from None
         except ray.exceptions.RayError as err:
-            raise WeightSyncError(f"weight sync {version} failed: {error_line(err)}") from None
+            cause = telling_error(sends + receives, err, self.timeout_s)
+            raise WeightSyncError(f"weight sync {version} failed: {error_line(cause)}", cause) from None
         sent = reports[0]
         received: list[SyncReport] = [r for worker in reports[len(sends) :] for r in worker]
         for report in received:
