@@ -34,6 +34,7 @@ from grpo_ray.actors.learner_batch import (
     taught_sums,
     turn_credit_moved,
 )
+from grpo_ray.actors.learner_forward import forward, moved_by_update
 from grpo_ray.actors.learner_settings import LearnerSettings
 from grpo_ray.actors.state_offload import StateOffload
 from grpo_ray.algo import grpo_loss, mismatch_stats
@@ -55,7 +56,6 @@ from grpo_ray.models.loading import (
     weight_specs,
 )
 from grpo_ray.models.liger_logprobs import chosen_logprob_kernel
-from grpo_ray.models.packing import micro_batch_logprobs
 from grpo_ray.quiet import choose_deepspeed_accelerator
 from grpo_ray.types import LearnerShard, LearnerStats, SyncReport, WeightSpec
 
@@ -158,8 +158,13 @@ class LearnerWorker:
                         students[name] = students[name] + part if name in students else part
         if by_tokens:
             self.engine.set_gradient_accumulation_boundary(None)  # back to DeepSpeed's own count
+        # How far the step moved its sampled tokens (update/moved): the clip cannot bound one update.
+        first = micro_batches[0]
+        went = moved_by_update(
+            self.engine, self.settings, self.logprob_kernel, batch, first, learner_old[0], shard.temperature
+        )
         used = sum(1 for rows in micro_batches if len(rows))
-        metrics = averaged(sums, used, used * self.settings.epochs_per_batch)
+        metrics = averaged(sums, used, used * self.settings.epochs_per_batch) | went
         # A NaN or infinite gradient (or loss) leaves the weights as they were: DeepSpeed's ZeRO
         # optimizer, or SkipNonFiniteAdamW without ZeRO, skipped the step and DeepSpeed counted it.
         metrics["update/skipped"] = float(self.engine.skipped_steps > skipped_before)
@@ -200,21 +205,7 @@ class LearnerWorker:
     ) -> dict[str, float]:
         """Forward, loss, backward and DeepSpeed's step on one micro-batch; its metrics."""
         s = self.settings
-        logprobs, entropy = micro_batch_logprobs(
-            self.engine,
-            mb["input_ids"],
-            mb["attention_mask"],
-            mb["completion_mask"],
-            shard.temperature,
-            packing=s.packing,
-            # Hugging Face keeps no KV cache under gradient checkpointing: nothing to share.
-            share_prompts=s.share_prompts and not s.gradient_checkpointing,
-            chunk_tokens=s.logprob_chunk_tokens,
-            kernel=self.logprob_kernel,
-            # liger's fused head computes no entropy: no actor/entropy then (config refuses entropy_coef).
-            with_entropy=self.logprob_kernel == "torch",
-            entropy_grad=s.entropy_coef != 0,
-        )
+        logprobs, entropy = forward(self.engine, s, self.logprob_kernel, mb, shard.temperature, entropy=True)
         if first_pass:
             learner_old[index] = logprobs.detach()
         old_logprobs, is_weights = pi_old_and_weights(
