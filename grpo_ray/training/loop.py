@@ -186,6 +186,8 @@ def _record_step(run: Run, stage: StagePlan, progress: Progress, metrics: dict[s
     run.tracker.log_metrics(step, metrics)
     run.ray_metrics.record(step, metrics, completions=len(run.builder.last_batch.generated))
     _count_skipped_update(progress, cfg.train.max_nonfinite_updates, run.console)
+    if far := run.far_moves.line(step, metrics):  # an update far past the clip: learner.lr, said once (far_moves.py)
+        run.console.info(far)
     if cfg.tracking.samples_every and step % cfg.tracking.samples_every == 0:
         _log_samples(run, step)
     reached = False

@@ -16,6 +16,7 @@ from grpo_ray.config import Config, syncs_during_generation, syncs_lora_adapter,
 from grpo_ray.data.prompts import PromptStream
 from grpo_ray.tracking import ConsoleReporter, MlflowTracker
 from grpo_ray.training.batch import BatchBuilder
+from grpo_ray.training.far_moves import FarMoveWatch
 from grpo_ray.training.inputs import RunInputs
 
 
@@ -115,6 +116,7 @@ class Run:
         self.ray_metrics = StepGauges(self.tracker.run_id)  # for Prometheus: dashboards/grpo-ray.json
         a = self.cfg.algorithm
         self.kl = KLController(a.kl_controller, a.kl_coef, a.kl_target, a.kl_horizon)  # the coefficient of each step
+        self.far_moves = FarMoveWatch(a.clip_low, a.clip_high, self.cfg.learner.lr)  # steps that moved the policy far
 
     def log_stopped_step(self, step: int, metrics: dict[str, float]) -> None:
         """The figures of the step a RunStoppedError ended before it finished (what stopped it: the
