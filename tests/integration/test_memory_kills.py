@@ -160,7 +160,8 @@ def _rollout_worker_killed_twice(threshold: float) -> None:
     said = re.fullmatch(
         rf"rollout-0 \(process {old_pid}\) was killed by Ray's memory monitor holding (\d+\.\d\d) GB: the node "
         rf"used [\d.]+ of [\d.]+ GB \([\d.]+%\), over Ray's kill threshold of {threshold:.1%}; it was replaced "
-        r"by process \d+ in [\d.]+ s. A second kill of a rollout worker stops the run: lower "
+        r"by process \d+ in [\d.]+ s; it was given the current weights\. A second kill of a rollout worker stops the "
+        r"run: lower "
         r"rollout.samples_per_prompt, rollout.max_new_tokens or rollout.num_workers \(vllm: "
         r"rollout.vllm.cpu_kv_cache_gb\), or run fewer jobs on this machine \(raising RAY_memory_usage_threshold "
         r"is the last resort\)",
