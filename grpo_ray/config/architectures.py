@@ -63,6 +63,16 @@ _GEMMA3_270M = {
     "sliding_window": 512,
     "layer_types": ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)],
 }
+_QWEN_7B = {
+    **_QWEN,
+    "vocab_size": 152064,
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+}
 ARCHITECTURES: dict[str, dict] = {
     "tiny": {**_TINY, "vocab_size": 55},
     "tiny-tools": {**_TINY, "vocab_size": 59},
@@ -97,28 +107,10 @@ ARCHITECTURES: dict[str, dict] = {
         "num_attention_heads": 16,
         "num_key_value_heads": 2,
     },
-    "qwen2.5-7b": {
-        **_QWEN,
-        "vocab_size": 152064,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "tie_word_embeddings": False,
-    },
+    "qwen2.5-7b": _QWEN_7B,
     # configs/polaris-7b.yaml's deepseek-ai/DeepSeek-R1-Distill-Qwen-7B: Qwen2.5-Math-7B's shape, which
     # is Qwen2.5-7B's (untied, vocabulary 152064).
-    "deepseek-r1-distill-qwen-7b": {
-        "model_type": "qwen2",
-        "vocab_size": 152064,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "tie_word_embeddings": False,
-    },
+    "deepseek-r1-distill-qwen-7b": _QWEN_7B,
     "qwen3-4b": _QWEN3_4B,  # configs/polaris.yaml
     "qwen3-4b-base": _QWEN3_4B,
     # The built-in (models/, from the gemma3-270m GGUF packages) and the hub's ids.

@@ -26,6 +26,22 @@ def set_args(*settings: str) -> list[str]:
     return [arg for setting in settings for arg in ("--set", setting)]
 
 
+def train_recipe(recipe: Path, settings: list[str], timeout: float = 900) -> str:
+    """`grpo-ray train recipe --set ...` (each of `settings`) as a user's shell runs it; its console
+    (standard output and error together), after checking that it succeeded."""
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_ray.cli", "train", str(recipe), *set_args(*settings)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    return done.stdout
+
+
 def run_cli(*args: str, timeout: float = 300, cwd: Path = ROOT, **env_vars: str) -> subprocess.CompletedProcess:
     """`python -m grpo_ray.cli *args` in a process of its own, as a user's shell runs it (unbuffered,
     this environment plus `env_vars`); what it printed, as text."""

@@ -7,11 +7,11 @@ which every completion was the same and the run learnt nothing more. The same st
 them 0.11 and says nothing: test_real_model.py's runs at 2e-5 (0.23) check that no line appears.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+
+from .conftest import train_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "smollm2-arithmetic.yaml"
@@ -33,18 +33,9 @@ ONE_STEP = [
 
 def test_a_learning_rate_far_too_high_is_named_on_the_console_with_what_to_do(tmp_path):
     out = tmp_path / "far"
-    sets = [arg for item in [f"output_dir={out}", *ONE_STEP, "learner.lr=3e-4"] for arg in ("--set", item)]
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE), *sets],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
-    said = [line for line in done.stdout.splitlines() if line.startswith("warning: step 1: the update moved")]
-    assert len(said) == 1, done.stdout[-4000:]
+    console = train_recipe(RECIPE, [f"output_dir={out}", *ONE_STEP, "learner.lr=3e-4"], timeout=600)
+    said = [line for line in console.splitlines() if line.startswith("warning: step 1: the update moved")]
+    assert len(said) == 1, console[-4000:]
     assert "learner.lr 0.0003" in said[0] and "lower it" in said[0], said[0]
     # The figure the line gives is the step's metric in MLflow.
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")

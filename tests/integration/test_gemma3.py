@@ -14,7 +14,6 @@ of 2 prompts x 8 samples, evaluated on 16 held-out problems at steps 0 and 2.
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from .conftest import HAS_VLLM
+from .conftest import HAS_VLLM, train_recipe
 from .test_real_model import NOISE, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,18 +66,7 @@ def reward_file(tmp_path_factory) -> Path:
 
 def train(output_dir: Path, reward: Path, *extra: str) -> str:
     functions = f"reward.functions=[{{name: first_number}}, {{name: {reward}:closeness}}]"
-    sets = [arg for item in [f"output_dir={output_dir}", *SHORT, functions, *extra] for arg in ("--set", item)]
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE), *sets],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
-    return done.stdout
+    return train_recipe(RECIPE, [f"output_dir={output_dir}", *SHORT, functions, *extra])
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ hf, LoRA: only the adapter travels, and the engine samples from the learner's po
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from grpo_ray.algo.policy_move import clip_log_bound
 from grpo_ray.training.far_moves import FAR
 
-from .conftest import HAS_VLLM
+from .conftest import HAS_VLLM, train_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "smollm2-arithmetic.yaml"
@@ -49,18 +48,7 @@ NOISE = ("Triton is installed", "FutureWarning", "NUMA binding", "Traceback", "E
 
 
 def train(output_dir: Path, *extra: str) -> str:
-    sets = [arg for item in [f"output_dir={output_dir}", *SHORT, *extra] for arg in ("--set", item)]
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "train", str(RECIPE), *sets],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
-    return done.stdout
+    return train_recipe(RECIPE, [f"output_dir={output_dir}", *SHORT, *extra])
 
 
 def metrics(output_dir: Path) -> dict[str, list[float]]:
