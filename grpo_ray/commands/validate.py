@@ -10,7 +10,7 @@ import yaml
 
 from grpo_ray.config import Config, config_to_dict, describe_resources, plan_batches, plan_resources, plan_stages
 from grpo_ray.config.host_memory import MachineMemory, host_memory_warning, host_plan_lines, host_roles, on_the_cpu
-from grpo_ray.config.memory import GIB, SIZE_NOT_KNOWN, memory_plan
+from grpo_ray.config.memory import GIB, SIZE_NOT_KNOWN, memory_plan, served_teacher_lines
 from grpo_ray.config.training_plan import describe_lr_segments, plan_lr_segments
 from grpo_ray.types import Prompt
 
@@ -75,7 +75,7 @@ def _host_plan(cfg: Config, machine: MachineMemory) -> tuple[list[str], str | No
     roles = host_roles(cfg)
     if roles is None:
         return ["", header, f"policy {cfg.model.path}: {SIZE_NOT_KNOWN}"], None
-    return ["", header, *host_plan_lines(roles)], host_memory_warning(roles, machine)
+    return ["", header, *host_plan_lines(roles), *served_teacher_lines(cfg)], host_memory_warning(roles, machine)
 
 
 def machine_memory() -> MachineMemory:

@@ -226,10 +226,14 @@ def _scoring_rows(cfg: Config, per_gpu: dict[str, float], passes: dict[str, floa
             passes[role] = logits.bytes
             engine = f"; {vocab_text(logits)}"
         lines.append(f"{role:<12} weights {_gib(weights)} ({shown}{where}){engine}")
-    lines += [
+    return lines + served_teacher_lines(cfg)
+
+
+def served_teacher_lines(cfg: Config) -> list[str]:
+    """A row for each teacher served at a url: it takes no memory here (both plans say so)."""
+    return [
         f"{'teacher-' + t.name:<12} served at {t.shown}: no memory here" for t in cfg.distillation.teachers if t.served
     ]
-    return lines
 
 
 def _teacher_engine(engine: TeacherConfig | None, weights: float, gpu: float) -> tuple[float, str]:
