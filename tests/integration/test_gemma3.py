@@ -11,6 +11,8 @@ of 2 prompts x 8 samples, evaluated on 16 held-out problems at steps 0 and 2.
   sync, not 1,744), a resume from step 1 makes step 2 and the final weights exactly again, and the
   saved model loads in transformers and scores in `grpo-ray eval` what the run's last evaluation did.
 - hf, LoRA: only the adapter travels, and the engine samples from the learner's policy (1e-4).
+The resume and the saved model's tests (~3 min on 2 cores) run in scripts/check_newest.sh and by hand,
+not in CI, where SmolLM2's (the same code, no family in it) run: scripts/test.sh says so.
 """
 
 import json
