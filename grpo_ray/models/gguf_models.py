@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -86,9 +87,7 @@ def _build(model: GgufModel, folder: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    for leftover in scratch.iterdir():
-        leftover.unlink()
-    scratch.rmdir()
+    shutil.rmtree(scratch)
     if done.returncode != 0:
         last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "no output")
         raise ModelLoadError(f"model {model.name}: building it from {source.name} failed: {last}")
