@@ -38,4 +38,7 @@ python -m pytest -q tests/unit "tests/integration/test_train_e2e.py::test_short_
   tests/integration/test_readme_commands.py::test_the_gemma_recipe_learns \
   tests/integration/test_gemma3.py::test_a_resumed_gemma_run_makes_the_same_second_step_and_weights \
   tests/integration/test_gemma3.py::test_the_saved_gemma_loads_in_transformers_and_eval_scores_it_as_the_runs_last_evaluation \
+  tests/integration/test_gemma3.py::test_both_engines_see_the_same_prompts_and_score_alike_before_training \
+  tests/integration/test_gemma3.py::test_lora_on_gemma_sends_only_the_adapter_to_an_engine_that_samples_the_learners_policy \
+  tests/integration/test_far_move.py::test_a_learning_rate_far_too_high_is_named_on_the_console_with_what_to_do \
   tests/integration/test_readme_commands.py::test_the_distillation_recipe_learns_from_its_teacher

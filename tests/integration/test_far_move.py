@@ -5,6 +5,8 @@ no evaluation and no probe: at learner.lr 3e-4 (30x the recipe's tuned 1e-5) the
 sampled tokens' log-probs by 2.06 nats on average (update/moved; 11x the 0.18 the clip allows), after
 which every completion was the same and the run learnt nothing more. The same step at 1e-5 moves
 them 0.11 and says nothing: test_real_model.py's runs at 2e-5 (0.23) check that no line appears.
+It runs in scripts/check_newest.sh and by hand (~1 min), not in CI, where the rule that says it is
+tested on hand-worked figures (tests/unit/training/test_far_moves.py).
 """
 
 from pathlib import Path

@@ -1,6 +1,6 @@
 """The second built-in real family, Gemma 3 270M (models/gemma3.py), a base model, on both engines: what
 SmolLM2 cannot show (tests/integration/test_real_model.py). Each run is its recipe shrunk to two steps
-of 2 prompts x 8 samples, evaluated on 16 held-out problems at steps 0 and 2.
+of 1 prompt x 8 samples, evaluated on 16 held-out problems at steps 0 and 2.
 
 - Its prompts are plain text after the <bos> its tokenizer adds (restored in the build), on both
   engines: greedy, the hf and vllm runs score the same at step 0, and `validate` shows the <bos>.
@@ -11,8 +11,9 @@ of 2 prompts x 8 samples, evaluated on 16 held-out problems at steps 0 and 2.
   sync, not 1,744), a resume from step 1 makes step 2 and the final weights exactly again, and the
   saved model loads in transformers and scores in `grpo-ray eval` what the run's last evaluation did.
 - hf, LoRA: only the adapter travels, and the engine samples from the learner's policy (1e-4).
-The resume and the saved model's tests (~3 min on 2 cores) run in scripts/check_newest.sh and by hand,
-not in CI, where SmolLM2's (the same code, no family in it) run: scripts/test.sh says so.
+The hf engine's LoRA run with the step-0 comparison of the engines, the resume and the saved model's
+tests (~5 min on 2 cores) run in scripts/check_newest.sh and by hand, not in CI, where SmolLM2's (the
+same code, no family in it) run: scripts/test.sh says so.
 """
 
 import json
@@ -43,9 +44,9 @@ def closeness(completions, answers, **_):
 """
 SHORT = [
     "train.steps=2",
-    "train.prompts_per_step=2",
+    "train.prompts_per_step=1",
     "rollout.samples_per_prompt=8",
-    "learner.micro_batch_size=16",
+    "learner.micro_batch_size=8",
     "learner.lr=1e-5",
     "train.eval_every=2",
     "data.eval_limit=16",
