@@ -5,8 +5,8 @@ passes RAY_memory_usage_threshold (0.95 of the total by default).
 
 Per worker of a role: its process's own cost (Python, torch, transformers, DeepSpeed imports,
 measured below) + its copies of the model + what grows with the batch and the vocabulary
-(config/vocab_memory.py) + its KV cache. The driver and Ray's own processes are counted once.
-Learner activations are not counted (as on a GPU; they grow with micro_batch_size x sequence length).
+(config/vocab_memory.py) + its KV cache; a learner's activations of one micro-batch as well
+(config/activation_memory.py). The driver and Ray's own processes are counted once.
 Pure arithmetic: validate reads the machine's memory (psutil) and passes it in.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grpo_ray.config.activation_memory import ActivationTerm, learner_activations
 from grpo_ray.config.architectures import Architecture, find_architecture
 from grpo_ray.config.memory import DTYPE_BYTES, GIB, learner_memory, vocab_text
 from grpo_ray.config.plans import plan_batches, plan_stages
@@ -43,7 +44,8 @@ PROCESS_GIB = {
 @dataclass(frozen=True)
 class HostRole:
     """Bytes of host memory of one worker of `role` (`count` of them): its process, its model's
-    copies (weights, gradients, optimizer), the vocabulary-sized tensors and its KV cache."""
+    copies (weights, gradients, optimizer), the vocabulary-sized tensors, its KV cache and (a learner)
+    its activations."""
 
     role: str
     count: int
@@ -52,10 +54,12 @@ class HostRole:
     vocab: VocabTerm | None = None
     cache: float = 0.0
     note: str = ""  # said after the row (a model whose size is not known here: its process alone)
+    activations: ActivationTerm | None = None
 
     @property
     def each(self) -> float:
-        return self.process + self.model + (self.vocab.bytes if self.vocab else 0.0) + self.cache
+        passes = (self.vocab.bytes if self.vocab else 0.0) + (self.activations.bytes if self.activations else 0.0)
+        return self.process + self.model + passes + self.cache
 
     @property
     def total(self) -> float:
@@ -91,13 +95,21 @@ def host_roles(cfg: Config) -> list[HostRole] | None:
 
 def _learner(cfg: Config, policy: Architecture) -> HostRole:
     """A learner rank: weights, gradients and Adam state (learner_memory, no offload: it is all host
-    memory here) and its log-prob pass."""
+    memory here), its log-prob pass and a micro-batch's activations."""
     ln, lora = cfg.learner, cfg.model.lora
     adapter = policy.lora_parameters(lora.rank, tuple(lora.target_modules)) if lora.enabled else 0
     state = learner_memory(
         policy.parameters, cfg.model.dtype, ln.num_workers, ln.zero_stage, adapter, cfg.model.quantization
     )
-    return HostRole("learner", ln.num_workers, _process("learner"), state.total, scoring_vocab(cfg, policy, True))
+    activations = learner_activations(cfg, policy, DTYPE_BYTES[cfg.model.dtype])
+    return HostRole(
+        "learner",
+        ln.num_workers,
+        _process("learner"),
+        state.total,
+        scoring_vocab(cfg, policy, True),
+        activations=activations,
+    )
 
 
 def _rollout(cfg: Config, policy: Architecture) -> list[HostRole]:
@@ -154,6 +166,14 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.2f} GiB"
 
 
+def activations_text(term: ActivationTerm) -> str:
+    """ "activations 2.87 GiB (micro-batch 64 x 80 tokens, 8 prompts once)", "... (5120 tokens packed)"."""
+    packed = term.how.startswith("packed")
+    shape = f"{term.tokens} tokens packed" if packed else f"micro-batch {term.rows} x {term.tokens} tokens"
+    how = term.how.removeprefix("packed").removeprefix(", ")
+    return f"activations {_gib(term.bytes)} ({shape}{', ' + how if how else ''})"
+
+
 def host_plan_lines(roles: list[HostRole]) -> list[str]:
     """One row per role (per worker, then x count) and the sum."""
     lines = []
@@ -161,16 +181,19 @@ def host_plan_lines(roles: list[HostRole]) -> list[str]:
         parts = [f"process {_gib(r.process)}"]
         parts += [f"model {_gib(r.model)}"] if r.model else []
         parts += [vocab_text(r.vocab)] if r.vocab else []
+        parts += [activations_text(r.activations)] if r.activations else []
         parts += [f"KV cache {_gib(r.cache)}"] if r.cache else []
-        tail = "; activations not counted" if r.role == "learner" else r.note
-        lines.append(f"{r.role:<12} x{r.count}  {'  '.join(parts)}  = {_gib(r.each)} each{tail}")
+        lines.append(f"{r.role:<12} x{r.count}  {'  '.join(parts)}  = {_gib(r.each)} each{r.note}")
     lines.append(f"{'sum':<12}     {_gib(sum(r.total for r in roles))}")
     return lines
 
 
 # What to lower when a role holds the most, by role.
 _LEVERS = {
-    "learner": "learner.micro_batch_size (activations, logits) or learner.num_workers, or train with model.lora",
+    "learner": (
+        "learner.micro_batch_size (activations, logits), learner.gradient_checkpointing (activations) or "
+        "learner.num_workers, or train with model.lora"
+    ),
     "rollout": "train.prompts_per_step (each worker's batch and its KV cache) or rollout.num_workers",
     "rollout-vllm": "rollout.vllm.cpu_kv_cache_gb or rollout.num_workers",
     "reference": "learner.micro_batch_size, or algorithm.kl_coef 0 (no reference)",

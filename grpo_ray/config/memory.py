@@ -21,8 +21,10 @@ GPU or beside the learner's state on its GPU (a fraction of one each, or colocat
 What grows with the vocabulary is counted per role (config/vocab_memory.py): the learner's and each
 scorer's log-prob pass over a micro-batch (a chunk of it when the head is chunked), the rollout
 engine's decoding step (inside vLLM's gpu_memory_utilization, so taken from its KV cache).
-Activations are not estimated (they grow with micro_batch_size x sequence length; see
-learner.gradient_checkpointing). GiB = 2^30 bytes throughout. Roles on the CPU: config/host_memory.py.
+Activations are not estimated here (they grow with micro_batch_size x sequence length; see
+learner.gradient_checkpointing): the CPU's arithmetic (config/activation_memory.py) is PyTorch's CPU
+attention kernel's, which keeps each layer's mask, not a GPU's flash-attention's. GiB = 2^30 bytes throughout.
+Roles on the CPU: config/host_memory.py, which counts the learner's activations.
 
 Parameter counts come from the model folder's config.json, or from config/architectures.py's
 `ARCHITECTURES` for hub ids that cannot be read offline (Qwen2.5 sizes, the tiny model).
