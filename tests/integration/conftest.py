@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -231,3 +232,31 @@ def assert_same_weights(want: Path, got: Path) -> None:
     if differ:
         gap = float((found[differ[0]] - expected[differ[0]]).abs().max())
         raise AssertionError(f"{len(differ)} tensors differ, {differ[0]} by up to {gap:.3g}")
+
+
+def run_metrics(output_dir: Path) -> dict[str, list[float]]:
+    """{metric: its values in step order} of the run's top-level MLflow run (the last value of a step)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{output_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
+    (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
+    found = {}
+    for key in run.data.metrics:
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
+        found[key] = list({m.step: m.value for m in history}.values())
+    return found
+
+
+def assert_resume_remakes_step_two(out: Path, resumed: Path, train_again: Callable[[Path], str]) -> None:
+    """A copy of the finished two-step run in `out` as it stood after step 1 (its saved model, step 2's
+    checkpoint and logs left out), trained again by `train_again` (the run's own command) into
+    `resumed`: it says it resumes, its step 2 has the first run's loss, reward, entropy and prompts,
+    and it saves the first run's weights bit for bit."""
+    shutil.copytree(out, resumed, ignore=shutil.ignore_patterns("model", "step_000002", "logs"))
+    console = train_again(resumed)
+    assert "resuming from" in console.lower(), console[-2000:]
+    first, again = run_metrics(out), run_metrics(resumed)
+    for key in ("loss/total", "reward/mean", "actor/entropy", "batch/prompt_digest"):
+        assert again[key][-1] == first[key][-1], key
+    assert_same_weights(out / "model", resumed / "model")

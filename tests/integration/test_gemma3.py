@@ -18,16 +18,13 @@ same code, no family in it) run: scripts/test.sh says so.
 
 import json
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .conftest import HAS_VLLM, train_recipe
-from .test_real_model import NOISE, metrics
+from .conftest import HAS_VLLM, assert_resume_remakes_step_two, run_cli, run_metrics, train_recipe
+from .test_real_model import NOISE
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "gemma3-arithmetic.yaml"
@@ -93,29 +90,22 @@ def test_the_restored_tokenizer_puts_bos_before_each_prompt_and_validate_shows_i
 
     tokenizer = load_tokenizer("gemma3-270m")
     assert tokenizer("Question:")["input_ids"][0] == tokenizer.bos_token_id == 2
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "validate", str(RECIPE)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:]
+    done = run_cli("validate", str(RECIPE))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "(51 tokens, special tokens shown)\n| <bos>Question: What is 23 + 4?\n| Answer: 27\n" in done.stdout
 
 
 @pytest.mark.vllm
 def test_both_engines_see_the_same_prompts_and_score_alike_before_training(vllm_run, hf_lora_run):
     # Greedy on the same 16 held-out prompts, step 0: the same weights and tokens, so the same score.
-    step0 = [metrics(out)["eval/accuracy"][0] for out, _ in (vllm_run, hf_lora_run)]
+    step0 = [run_metrics(out)["eval/accuracy"][0] for out, _ in (vllm_run, hf_lora_run)]
     assert step0[0] == step0[1], step0
 
 
 @pytest.mark.vllm
 def test_gemma_trains_on_vllm_with_the_learners_log_probs_and_its_tied_embedding_sent_once(vllm_run):
     out, console = vllm_run
-    found = metrics(out)
+    found = run_metrics(out)
     assert len(found["loss/total"]) == 2 and all(abs(v) > 0 for v in found["loss/total"]), found["loss/total"]
     # Steps 1 and 2: sampled before and after an update; each sync probed and decided "loaded".
     assert max(found["mismatch/abs_diff_max"]) < 1e-4, found["mismatch/abs_diff_max"]
@@ -128,36 +118,21 @@ def test_gemma_trains_on_vllm_with_the_learners_log_probs_and_its_tied_embedding
 
 @pytest.mark.vllm
 def test_a_resumed_gemma_run_makes_the_same_second_step_and_weights(vllm_run, reward_file, tmp_path):
-    out, _ = vllm_run
-    resumed = tmp_path / "resumed"
-    shutil.copytree(out, resumed, ignore=shutil.ignore_patterns("model", "step_000002", "logs"))
-    console = train(resumed, reward_file, "rollout.backend=vllm")
-    assert "resuming from" in console.lower(), console[-2000:]
-    first, again = metrics(out), metrics(resumed)
-    for key in ("loss/total", "reward/mean", "actor/entropy", "batch/prompt_digest"):
-        assert again[key][-1] == first[key][-1], key
-    from safetensors.numpy import load_file
-
-    weights = load_file(out / "model" / "model.safetensors")
-    weights_again = load_file(resumed / "model" / "model.safetensors")
-    assert weights.keys() == weights_again.keys()
-    assert all(np.array_equal(weights[name], weights_again[name]) for name in weights)
+    assert_resume_remakes_step_two(
+        vllm_run[0], tmp_path / "resumed", lambda folder: train(folder, reward_file, "rollout.backend=vllm")
+    )
 
 
 @pytest.mark.vllm
 def test_the_saved_gemma_loads_in_transformers_and_eval_scores_it_as_the_runs_last_evaluation(vllm_run, tmp_path):
     out, _ = vllm_run
-    last_accuracy = metrics(out)["eval/accuracy"][-1]
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_ray.cli", "eval", "--config", str(RECIPE), "--model", str(out / "model")]
-        + ["--backend", "vllm", "--set", "data.eval_limit=16", "--output-dir", str(tmp_path / "eval")],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    last_accuracy = run_metrics(out)["eval/accuracy"][-1]
+    done = run_cli(
+        *("eval", "--config", str(RECIPE), "--model", str(out / "model"), "--backend", "vllm"),
+        *("--set", "data.eval_limit=16", "--output-dir", str(tmp_path / "eval")),
         timeout=600,
     )
-    assert done.returncode == 0, done.stdout[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     said = re.search(r"held-out accuracy (\S+)", done.stdout)
     # Printed to 3 decimals (1/16 is 0.062): the same count of 16 right.
     assert said and round(float(said.group(1)) * 16) == round(last_accuracy * 16), done.stdout
@@ -174,7 +149,7 @@ def test_the_saved_gemma_loads_in_transformers_and_eval_scores_it_as_the_runs_la
 
 def test_lora_on_gemma_sends_only_the_adapter_to_an_engine_that_samples_the_learners_policy(hf_lora_run):
     out, _ = hf_lora_run
-    found = metrics(out)
+    found = run_metrics(out)
     # r=8 on q, k, v and o of 18 layers (q: 640 -> 4 x 256, k and v: 640 -> 256, o: 1024 -> 640):
     # 18 x 8 x ((640 + 1024) x 2 + (640 + 256) x 2) = 737,280 float32 parameters, 2.95 MB a sync.
     assert found["sync/megabytes"] == [pytest.approx(2.94912, abs=1e-4)] * 2, found["sync/megabytes"]

@@ -12,19 +12,16 @@ hf, LoRA: only the adapter travels, and the engine samples from the learner's po
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
-from mlflow.tracking import MlflowClient
 
 from grpo_ray.algo.policy_move import clip_log_bound
 from grpo_ray.training.far_moves import FAR
 
-from .conftest import HAS_VLLM, train_recipe
+from .conftest import HAS_VLLM, assert_resume_remakes_step_two, run_metrics, train_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "configs" / "smollm2-arithmetic.yaml"
@@ -51,18 +48,6 @@ def train(output_dir: Path, *extra: str) -> str:
     return train_recipe(RECIPE, [f"output_dir={output_dir}", *SHORT, *extra])
 
 
-def metrics(output_dir: Path) -> dict[str, list[float]]:
-    """{metric: its values in step order} of the run's top-level MLflow run (the last value of a step)."""
-    client = MlflowClient(f"sqlite:///{output_dir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("grpo-ray").experiment_id
-    (run,) = [r for r in client.search_runs([experiment]) if "mlflow.parentRunId" not in r.data.tags]
-    found = {}
-    for key in run.data.metrics:
-        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))
-        found[key] = list({m.step: m.value for m in history}.values())
-    return found
-
-
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     if not HAS_VLLM:
@@ -74,7 +59,7 @@ def vllm_run(tmp_path_factory):
 @pytest.mark.vllm
 def test_the_real_model_trains_on_vllm_with_the_learners_log_probs_and_a_quiet_console(vllm_run):
     out, console = vllm_run
-    found = metrics(out)
+    found = run_metrics(out)
     assert len(found["loss/total"]) == 2 and all(abs(v) > 0 for v in found["loss/total"]), found["loss/total"]
     # Steps 1 and 2: sampled before and after an update; each sync probed and decided "loaded".
     assert max(found["mismatch/abs_diff_max"]) < 1e-4, found["mismatch/abs_diff_max"]
@@ -95,29 +80,16 @@ def test_the_real_model_trains_on_vllm_with_the_learners_log_probs_and_a_quiet_c
 
 @pytest.mark.vllm
 def test_a_resumed_real_model_run_makes_the_same_second_step_and_weights(vllm_run, tmp_path):
-    out, _ = vllm_run
-    resumed = tmp_path / "resumed"
-    shutil.copytree(out, resumed, ignore=shutil.ignore_patterns("model", "step_000002", "logs"))
     # The recipe's run, started again where it stood after step 1: same command, same folder.
-    console = train(resumed, "rollout.backend=vllm")
-    assert "resuming from" in console.lower(), console[-2000:]
-    first, again = metrics(out), metrics(resumed)
-    for key in ("loss/total", "reward/mean", "actor/entropy", "batch/prompt_digest"):
-        assert again[key][-1] == first[key][-1], key
-    from safetensors.numpy import load_file
-
-    weights, weights_again = (
-        load_file(out / "model" / "model.safetensors"),
-        load_file(resumed / "model" / "model.safetensors"),
+    assert_resume_remakes_step_two(
+        vllm_run[0], tmp_path / "resumed", lambda folder: train(folder, "rollout.backend=vllm")
     )
-    assert weights.keys() == weights_again.keys()
-    assert all(np.array_equal(weights[name], weights_again[name]) for name in weights)
 
 
 @pytest.mark.vllm
 def test_grpo_ray_eval_scores_the_saved_model_as_the_runs_last_evaluation_did(vllm_run, tmp_path):
     out, _ = vllm_run
-    last_accuracy = metrics(out)["eval/accuracy"][-1]
+    last_accuracy = run_metrics(out)["eval/accuracy"][-1]
     done = subprocess.run(
         [sys.executable, "-m", "grpo_ray.cli", "eval", "--model", str(out / "model"), "--data", "smollm2-135m:heldout"]
         + ["--limit", "16", "--n", "1", "--temperature", "0", "--max-tokens", "16", "--backend", "vllm"]
@@ -146,7 +118,7 @@ def test_grpo_ray_eval_scores_the_saved_model_as_the_runs_last_evaluation_did(vl
 def test_lora_on_the_real_model_sends_only_the_adapter_to_an_engine_that_samples_the_learners_policy(tmp_path):
     out = tmp_path / "lora"
     train(out, "rollout.backend=hf", "model.lora={enabled: true, rank: 8, alpha: 16}", "learner.lr=1e-4")
-    found = metrics(out)
+    found = run_metrics(out)
     # r=8 on q, k, v and o of 30 layers: 30 x 8 x (2 x (576 + 576) + 2 x (576 + 192)) = 921,600 float32
     # parameters, 3.69 MB a sync, not the 538 MB model.
     assert found["sync/megabytes"] == [pytest.approx(3.6864, abs=1e-4)] * 2, found["sync/megabytes"]
