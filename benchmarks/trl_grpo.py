@@ -37,9 +37,13 @@ STARTED = time.time()  # the race's clock (start-up included): this process's st
 REWARDS = Path(__file__).resolve().parents[1] / "grpo_ray" / "rewards"
 
 
+# grpo-ray's reward functions this script can score with, and the file of grpo_ray/rewards/ each is in.
+REWARD_FILES = {"exact_match": "exact_match", "gsm8k": "gsm8k", "first_number": "gsm8k"}
+
+
 def load_reward(name: str):
     """grpo-ray's reward function `name` from its own file (exact_match.py, gsm8k.py)."""
-    spec = importlib.util.spec_from_file_location(f"grpo_ray_{name}", REWARDS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"grpo_ray_{name}", REWARDS / f"{REWARD_FILES[name]}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, name)
@@ -63,7 +67,8 @@ class HeldOut(TrainerCallback):
         with torch.no_grad():
             for i in range(0, len(self.rows), self.batch):
                 prompts = [row["prompt"] for row in self.rows[i : i + self.batch]]
-                encoded = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+                # The tokenizer's defaults, as GRPOTrainer tokenises a text prompt for its rollouts.
+                encoded = self.tokenizer(prompts, return_tensors="pt", padding=True)
                 encoded = encoded.to(model.device)
                 out = model.generate(**encoded, max_new_tokens=self.new_tokens, do_sample=False)
                 texts += self.tokenizer.batch_decode(out[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
@@ -113,7 +118,7 @@ def main() -> None:
     parser.add_argument("--json", required=True)
     parser.add_argument("--gpu", action="store_true", help="bf16 on the GPU, vLLM colocated")
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--reward", choices=["exact_match", "gsm8k", "length"], default="exact_match")
+    parser.add_argument("--reward", choices=[*REWARD_FILES, "length"], default="exact_match")
     parser.add_argument("--target-chars", type=int, default=100)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--eval-prompts", default=None, help="JSONL rows {prompt, answer}, chat-templated")
@@ -207,6 +212,9 @@ def main() -> None:
         callbacks=callbacks,
         peft_config=peft_config,
     )
+    # The token ids TRL's own rollout path makes of the first prompt (GRPOTrainer._tokenize_prompts,
+    # private in TRL 1.16): what its model is sampled from, for the race to compare with grpo-ray's.
+    first_prompt_ids = [int(i) for i in trainer._tokenize_prompts([rows[0]["prompt"]])[0][0]]
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
@@ -228,6 +236,7 @@ def main() -> None:
         "rewards": rewards,
         "curve": held_out.curve if held_out else None,
         "lora": args.lora,
+        "first_prompt_ids": first_prompt_ids,
     }
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(json.dumps(result))
