@@ -85,17 +85,23 @@ def completion_logprobs(
 def _prefix_cache(model: torch.nn.Module, prefixes: torch.Tensor, prefix_mask: torch.Tensor, row_prefix: torch.Tensor):
     """The KV cache of each distinct prefix once, then indexed out to the rows that share it; None
     where the model's cache is not a plain DynamicCache (the caller runs the full forward)."""
+    from transformers.cache_utils import DynamicCache
+
+    # The cache the model would make for itself, made before the pass: a model with sliding-window
+    # layers (Gemma 3) goes to the full forward without a prefix pass that would be thrown away.
+    cache = DynamicCache(config=model.config)
+    if not _plain_dynamic_cache(cache):
+        return None
     width = prefixes.shape[1]
     columns = torch.arange(width, device=prefixes.device)
     shared = model(
         input_ids=prefixes.clamp(min=0),
         attention_mask=prefix_mask,
         position_ids=columns.expand(len(prefixes), width),
+        past_key_values=cache,
         use_cache=True,
         logits_to_keep=1,
     ).past_key_values
-    if not _plain_dynamic_cache(shared):
-        return None
     shared.batch_select_indices(row_prefix)  # differentiable indexing: gradients sum over the rows
     return shared
 

@@ -96,3 +96,21 @@ def test_without_a_repeated_prompt_or_when_told_not_to_share_it_runs_the_full_fo
     ids, mask, completion = _rows(ROWS)
     completion_logprobs(model, ids, mask, completion, share_prompts=False)
     assert seen == [(7, ids.shape[1])]
+
+
+def test_a_model_with_sliding_window_layers_runs_the_full_forward_alone():
+    # Gemma 3's shape, small: its cache drops keys past the window, so no prefix pass can be shared,
+    # and none is run only to be thrown away (it cost Gemma 3 270M a second forward a micro-batch).
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    )  # fmt: skip
+    model = Gemma3ForCausalLM(config).eval()
+    seen = _batch_sizes_seen(model)
+    ids, mask, completion = _rows(ROWS)
+    found, _ = completion_logprobs(model, ids, mask, completion)
+    assert seen == [(7, ids.shape[1])]
+    torch.testing.assert_close(found * completion, sequence_logprobs(model, ids, mask)[0] * completion)
