@@ -222,15 +222,17 @@ def markdown(found: dict) -> str:
     lines = [
         f"# {race_model(found).title} learning, grpo-ray beside TRL ({found['date']}, {found['machine']})",
         "",
-        "| side | held-out accuracy: start -> best | seconds to {:.0%} | s/step | samples/s |".format(found["target"]),
-        "| --- | --- | --- | --- | --- |",
+        "| side | held-out accuracy: start -> best | seconds to {:.0%} | s/step | samples/s | run on |".format(
+            found["target"]
+        ),
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, side in found["sides"].items():
         reached = side["seconds_to_target"]
         lines.append(
             f"| {name} | {side['start_accuracy']:.3f} -> {side['best_accuracy']:.3f} | "
             f"{'%.0f' % reached if reached is not None else 'not reached'} | {side['seconds_per_step']:.1f} | "
-            f"{side['samples_per_s']:.2f} |"
+            f"{side['samples_per_s']:.2f} | {side.get('date', found['date'])} |"
         )
     lines += [
         "",
@@ -271,13 +273,14 @@ def chart(found: dict, path: Path) -> None:
 def render(files: list[Path], out: Path | None, target: float) -> None:
     """One JSON, table and chart from several runs of this script (their sides merged, races recomputed)."""
     runs = [json.loads(path.read_text()) for path in files]
-    sides = {name: side for run in runs for name, side in run["sides"].items()}
+    # A later file's side replaces an earlier one's of the same name; each keeps the date it ran.
+    sides = {name: {"date": run["date"]} | side for run in runs for name, side in run["sides"].items()}
     pairs = [
         (ours, theirs)
         for ours, theirs in (("grpo-ray hf", "TRL"), ("grpo-ray vllm", "TRL"), ("grpo-ray hf LoRA", "TRL LoRA"))
     ]
     pairs = [pair for pair in pairs if set(pair) <= set(sides)]
-    found = runs[0] | {"sides": sides, "races": summarize(sides, target, pairs), "target": target}
+    found = runs[-1] | {"sides": sides, "races": summarize(sides, target, pairs), "target": target}
     found["settings"] = {k: v for run in runs for k, v in run["settings"].items()}
     write(found, out)
 
@@ -313,7 +316,8 @@ def main() -> None:
         type=Path,
         nargs="+",
         default=None,
-        help="merge these results' sides into --json, table and chart; run nothing",
+        help="merge these results' sides into --json, table and chart (a later file's side replaces an earlier's "
+        "of the same name; the last file's date and machine); run nothing",
     )
     parser.add_argument("--work", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
@@ -368,6 +372,7 @@ def main() -> None:
         started = time.perf_counter()
         kept = work / f"{name.replace(' ', '-')}.side.json"  # each side's result as it ends: --reuse takes it
         sides[name] = json.loads(kept.read_text()) if args.reuse and kept.exists() else plans[name]()
+        sides[name].setdefault("date", time.strftime("%Y-%m-%d"))
         kept.write_text(json.dumps(sides[name]))
         best = max(a for _, _, a in sides[name]["curve"])
         print(f"{name}: {time.perf_counter() - started:.0f} s, held-out best {best:.3f}", flush=True)
