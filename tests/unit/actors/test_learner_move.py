@@ -4,6 +4,8 @@ the log-probs of the tokens it trained on, as the weights before and after it sc
 The tiny model's learner takes one step on 8 rows (every other one right-padded: the rows scored again
 are trimmed to their own width) in one micro-batch, so the rows it scores again are all 8; the test
 scores the whole batch before and after with the learner's own `score` and works out the same figures.
+The rows of a group share its prompt, as GRPO's do, so the update runs each prompt once
+(models/shared_prompts.py) through DeepSpeed's engine, as a run's learner does.
 The learner runs in a process of its own (DeepSpeed keeps one process group a process).
 """
 
@@ -21,7 +23,7 @@ import torch
 from grpo_ray.algo.policy_move import update_move
 
 from ...conftest import tiny_learner_settings
-from ...gpu.test_cuda_paths import ROWS, _batch, whole_batch_shard
+from ...gpu.test_cuda_paths import PROMPT, ROWS, _batch, whole_batch_shard
 
 
 def test_a_learner_step_reports_how_far_it_moved_the_tokens_it_trained_on(tmp_path):
@@ -50,6 +52,7 @@ def _learner_step(out: Path) -> None:
     learner = LearnerWorker(tiny_learner_settings(micro_batch_size=ROWS), rank=0, world_size=1)
     learner.setup("127.0.0.1", free_port())
     batch = _batch(learner.module.config.vocab_size)
+    batch.input_ids[:, :PROMPT] = batch.input_ids[batch.group_ids * 4, :PROMPT]  # groups of 4 rows
     scored = {}
     scored["before"] = learner.score(batch.input_ids, batch.attention_mask).tolist()
     shard = whole_batch_shard(batch, np.linspace(-1, 1, ROWS).astype(np.float32))
