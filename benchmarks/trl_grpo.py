@@ -87,6 +87,46 @@ class HeldOut(TrainerCallback):
             self.evaluate(model, state.global_step)
 
 
+def grpo_config(
+    output_dir: str, steps: int, micro_batch: int, accumulation: int, generations: int, max_new_tokens: int,
+    lr: float, temperature: float = 1.0, seed: int = 0, gpu: bool = False, **extra,
+) -> GRPOConfig:  # fmt: skip
+    """TRL's settings for grpo-ray's recipes: one generation batch of micro_batch x accumulation
+    completions per optimizer step, trained in micro-batches, as grpo-ray does; no KL (no reference
+    model), token-mean loss, std-normalised group advantages, symmetric clip 0.2, one pass per batch,
+    a constant learning rate, gradient norm clip 1. `extra`: more GRPOConfig fields."""
+    return GRPOConfig(
+        output_dir=output_dir,
+        max_steps=steps,
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+        num_generations=generations,
+        max_completion_length=max_new_tokens,
+        temperature=temperature,
+        top_p=1.0,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        num_iterations=1,
+        use_cpu=not gpu,
+        bf16=gpu,
+        seed=seed,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+
+
 class StepClock(TrainerCallback):
     """Wall seconds of every optimizer step (generation, scoring and update: TRL does all three
     inside the step)."""
@@ -158,44 +198,15 @@ def main() -> None:
 
     completions_per_step = args.prompts_per_step * args.generations
     accumulation = completions_per_step // args.micro_batch
-    config = GRPOConfig(
-        output_dir=args.output_dir,
-        max_steps=args.steps,
-        # One generation batch of prompts_per_step x G completions per optimizer step, trained in
-        # micro-batches, as grpo-ray does.
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,
-        num_generations=args.generations,
-        max_completion_length=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=1.0,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        # grpo-ray's tiny recipe: no KL (no reference model), token-mean loss, std-normalised
-        # group advantages, symmetric clip 0.2, one pass per batch.
-        beta=0.0,
-        loss_type="dapo",
-        scale_rewards="group",
-        epsilon=0.2,
-        num_iterations=1,
-        use_cpu=not args.gpu,
-        bf16=args.gpu,
+    config = grpo_config(
+        args.output_dir, args.steps, args.micro_batch, accumulation, args.generations, args.max_new_tokens,
+        args.lr, args.temperature, args.seed, args.gpu,
         **(
             dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization)
             if args.gpu
             else {}
         ),
-        seed=args.seed,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    )  # fmt: skip
     clock = StepClock()
     callbacks = [clock]
     held_out = None

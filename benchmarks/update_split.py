@@ -223,7 +223,8 @@ def trl_side(batch: dict, args) -> dict:
     import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
+    from trl_grpo import grpo_config
     from trl.kernels.chunked_logprob import _use_triton
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
@@ -233,34 +234,10 @@ def trl_side(batch: dict, args) -> dict:
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(batch["model_dir"], dtype=torch.float32)
     accumulation = len(rows) // args.micro_batch
-    config = GRPOConfig(  # benchmarks/trl_grpo.py's settings, for the recipe
-        output_dir=tempfile.mkdtemp(prefix="update-split-trl-"),
-        max_steps=args.warmup + args.repeats,
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation,
-        num_generations=samples,
-        max_completion_length=batch["max_new_tokens"],
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=batch["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        loss_type="dapo",
-        scale_rewards="group",
-        epsilon=0.2,
-        num_iterations=1,
-        use_cpu=True,
-        seed=0,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
+    config = grpo_config(  # benchmarks/trl_grpo.py's settings, for the recipe
+        tempfile.mkdtemp(prefix="update-split-trl-"), args.warmup + args.repeats, args.micro_batch, accumulation,
+        samples, batch["max_new_tokens"], batch["lr"],
+    )  # fmt: skip
 
     def reward(completions, **_):  # never called: no generation here
         return [0.0] * len(completions)
