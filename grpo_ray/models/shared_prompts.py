@@ -89,7 +89,8 @@ def _prefix_cache(model: torch.nn.Module, prefixes: torch.Tensor, prefix_mask: t
 
     # The cache the model would make for itself, made before the pass: a model with sliding-window
     # layers (Gemma 3) goes to the full forward without a prefix pass that would be thrown away.
-    cache = DynamicCache(config=_transformers_config(model))
+    # A DeepSpeed engine wraps the model, its own `config` being DeepSpeed's dict.
+    cache = DynamicCache(config=getattr(model, "module", model).config)
     if not _plain_dynamic_cache(cache):
         return None
     width = prefixes.shape[1]
@@ -131,11 +132,3 @@ def _plain_dynamic_cache(cache) -> bool:
 
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _transformers_config(model: torch.nn.Module):
-    """The model's transformers config, under the wrappers the learner puts around it (DeepSpeed's
-    engine, whose own `config` is DeepSpeed's dict, keeps the model as `.module`)."""
-    while hasattr(model, "module"):
-        model = model.module
-    return model.config
